@@ -1,0 +1,99 @@
+#include "cli/commands.h"
+
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace k3::cli {
+
+// Each subcommand lives in its own cmd_<name>.cpp.
+int cmd_plan(const std::vector<std::string>& args);
+int cmd_inspect(const std::vector<std::string>& args);
+
+static const Command kCommands[] = {
+    {"plan", "parameter counts, memory, FLOPs and placement for a config", cmd_plan},
+    {"inspect", "list a checkpoint's tensors; check them against a config", cmd_inspect},
+};
+
+const Command* find_command(const std::string& name) {
+  for (const auto& c : kCommands)
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+void print_usage(FILE* out) {
+  std::fprintf(out, "usage: k3cpp <command> [options]\n\ncommands:\n");
+  for (const auto& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
+  std::fprintf(out, "\nrun 'k3cpp <command> --help' for a command's options\n");
+}
+
+Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>& options,
+           const std::vector<std::string>& flags, const char* command)
+    : command_(command) {
+  auto is_in = [](const std::vector<std::string>& v, const std::string& s) {
+    for (auto& x : v) if (x == s) return true;
+    return false;
+  };
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a.size() > 2 && a.rfind("--", 0) == 0) {
+      std::string key = a.substr(2), val;
+      bool has_val = false;
+      if (auto eq = key.find('='); eq != std::string::npos) {
+        val = key.substr(eq + 1);
+        key = key.substr(0, eq);
+        has_val = true;
+      }
+      if (is_in(flags, key)) {
+        if (has_val) fail(std::string("k3cpp ") + command_ + ": option --" + key + " takes no value");
+        flags_[key] = true;
+      } else if (is_in(options, key)) {
+        if (!has_val) {
+          if (i + 1 >= argv.size()) fail(std::string("k3cpp ") + command_ + ": option --" + key + " needs a value");
+          val = argv[++i];
+        }
+        values_[key] = val;
+      } else {
+        fail(std::string("k3cpp ") + command_ + ": unknown option --" + key);
+      }
+    } else {
+      positional_.push_back(a);
+    }
+  }
+}
+
+std::string Args::positional_at(size_t i, const char* what) const {
+  if (i >= positional_.size()) fail(std::string("k3cpp ") + command_ + ": missing argument <" + what + ">");
+  return positional_[i];
+}
+
+std::optional<std::string> Args::get(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string Args::get_or(const std::string& name, const std::string& def) const {
+  auto v = get(name);
+  return v ? *v : def;
+}
+
+long long Args::get_int(const std::string& name, long long def) const {
+  auto v = get(name);
+  if (!v) return def;
+  char* end = nullptr;
+  long long r = std::strtoll(v->c_str(), &end, 10);
+  if (end == v->c_str() || *end) fail(std::string("k3cpp ") + command_ + ": --" + name + ": expected an integer, got '" + *v + "'");
+  return r;
+}
+
+double Args::get_double(const std::string& name, double def) const {
+  auto v = get(name);
+  if (!v) return def;
+  char* end = nullptr;
+  double r = std::strtod(v->c_str(), &end);
+  if (end == v->c_str() || *end) fail(std::string("k3cpp ") + command_ + ": --" + name + ": expected a number, got '" + *v + "'");
+  return r;
+}
+
+}  // namespace k3::cli

@@ -1,0 +1,21 @@
+// Matrix products through BLAS (OpenBLAS, OpenMP build). Row-major everywhere.
+// The model's weights are stored like nn.Linear: W [out, in]; `linear` computes
+// y[T, out] = x[T, in] W^T (+ y if accumulate).
+#pragma once
+#include <cstdint>
+
+namespace k3 {
+
+// C[M,N] = alpha * op(A) op(B) + beta * C, row-major, lda/ldb/ldc are row strides.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
+          const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
+
+// y[T, out] = x[T, in] W[out, in]^T  (accumulate: y += ...)
+template <typename T>
+void linear(T* y, const T* x, const T* W, int64_t rows, int64_t in, int64_t out, bool accumulate = false) {
+  gemm(false, true, rows, out, in, T(1), x, in, W, in, accumulate ? T(1) : T(0), y, out);
+}
+
+}  // namespace k3
