@@ -9,6 +9,7 @@ PKGS=(
   libgtest-dev libgmock-dev   # tests
   libbenchmark-dev            # benchmarks
   bible-kjv                   # default training corpus (`bible` prints the KJV text)
+  python3-torch python3-numpy # independent PyTorch implementation in tools/ (tests, benchmarks)
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,9 +1,217 @@
+// `k3cpp plan <config.json> [--storage bf16|mxfp4] [--context L] [--batch B]
+//              [--gpus N --gpu-mem GiB] [--json]`
+// Prints what the planner (model/planner.h) computes from the parameter table: parameters
+// per component (total and active per token), weight bytes, decode cache per sequence,
+// forward FLOPs per token and, with --gpus, an expert-parallel placement estimate.
+// Human units beside exact integers; --json gives the same figures as one JSON object.
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
 #include "cli/commands.h"
 #include "core/error.h"
+#include "io/config.h"
+#include "model/planner.h"
 
 namespace k3::cli {
-int cmd_plan(const std::vector<std::string>& args) {
-  Args a(args, {}, {}, "plan");
-  fail("k3cpp plan: not built yet");
+namespace {
+
+using json = nlohmann::json;
+
+const char* kUsage =
+    "usage: k3cpp plan <config.json> [--storage bf16|mxfp4] [--context L] [--batch B]\n"
+    "                  [--gpus N --gpu-mem GiB] [--json]\n"
+    "  --storage  bf16: every tensor bf16; mxfp4 (default): routed experts MXFP4, rest bf16\n"
+    "  --context  tokens per sequence for the cache and attention FLOPs (default 8192)\n"
+    "  --batch    sequences held in the cache (default 1)\n"
+    "  --gpus, --gpu-mem  expert-parallel placement on N devices of G GiB each\n"
+    "  --json     print the same figures as JSON\n";
+
+// Counts: 2 decimals below 10, 1 decimal above ("2.78 T", "104.2 B").
+std::string human_count(double v) {
+  const char* units[] = {"", " K", " M", " B", " T"};
+  int u = 0;
+  while (std::fabs(v) >= 1000 && u < 4) { v /= 1000; ++u; }
+  char buf[32];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%.0f", v);
+  else std::snprintf(buf, sizeof buf, std::fabs(v) < 10 ? "%.2f%s" : "%.1f%s", v, units[u]);
+  return buf;
 }
+
+std::string human_bytes(double v) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (std::fabs(v) >= 1024 && u < 5) { v /= 1024; ++u; }
+  char buf[32];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%.0f B", v);
+  else std::snprintf(buf, sizeof buf, std::fabs(v) < 10 ? "%.2f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::string human_flops(double v) {
+  const char* units[] = {"", "K", "M", "G", "T", "P"};
+  int u = 0;
+  while (std::fabs(v) >= 1000 && u < 5) { v /= 1000; ++u; }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, std::fabs(v) < 10 ? "%.2f %sFLOP" : "%.1f %sFLOP", v, units[u]);
+  return buf;
+}
+
+}  // namespace
+
+int cmd_plan(const std::vector<std::string>& args) {
+  Args a(args, {"storage", "context", "batch", "gpus", "gpu-mem"}, {"json", "help"}, "plan");
+  if (a.flag("help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (a.positional().size() > 1) fail("expected one config file, got " + std::to_string(a.positional().size()));
+  const std::string path = a.positional_at(0, "config.json");
+  const std::string storage_name = a.get_or("storage", "mxfp4");
+  if (storage_name != "bf16" && storage_name != "mxfp4")
+    fail("--storage: unknown storage '" + storage_name + "' (expected bf16 or mxfp4)");
+  const WeightStorage storage = parse_weight_storage(storage_name);
+  const long long context = a.get_int("context", 8192);
+  const long long batch = a.get_int("batch", 1);
+  if (context <= 0) fail("--context must be positive, got " + std::to_string(context));
+  if (batch <= 0) fail("--batch must be positive, got " + std::to_string(batch));
+  const bool want_place = a.get("gpus").has_value() || a.get("gpu-mem").has_value();
+  long long gpus = 0;
+  double gpu_mem = 0;
+  if (want_place) {
+    if (!a.get("gpus") || !a.get("gpu-mem")) fail("--gpus and --gpu-mem must be given together");
+    gpus = a.get_int("gpus", 0);
+    gpu_mem = a.get_double("gpu-mem", 0);
+    if (gpus <= 0) fail("--gpus must be positive, got " + std::to_string(gpus));
+    if (!(gpu_mem > 0) || !std::isfinite(gpu_mem)) fail("--gpu-mem must be a positive number of GiB");
+  }
+
+  const K3Config c = load_config(path);
+  const ParamCounts pc = count_params(c);
+  const WeightBytes wb = weight_bytes(c, storage);
+  const CacheBytes cache = decode_cache_bytes(c, context);
+  const Flops fl = forward_flops_per_token(c, context);
+  Placement pl;
+  if (want_place) pl = place(c, storage, gpus, gpu_mem, context, batch);
+
+  if (a.flag("json")) {
+    json comps = json::object();
+    for (int i = 0; i < kNumComponents; ++i) {
+      const ComponentCount& cc = pc.by_component[size_t(i)];
+      comps[component_name(Component(i))] = {{"tensors", cc.tensors}, {"total", cc.total}, {"active", cc.active}};
+    }
+    json j = {
+        {"config", path},
+        {"parameters", {{"components", comps}, {"tensors", pc.tensors}, {"total", pc.total}, {"active", pc.active}}},
+        {"weights", {{"storage", weight_storage_name(storage)},
+                     {"routed_experts_bytes", wb.routed_experts},
+                     {"other_bytes", wb.other},
+                     {"total_bytes", wb.total()},
+                     {"mxfp4_storable", wb.mxfp4_storable}}},
+        {"cache", {{"context", cache.context},
+                   {"kda_layers", c.kda_layers.size()},
+                   {"mla_layers", c.full_attn_layers.size()},
+                   {"kda_state_bytes_per_layer", cache.kda_state_per_layer},
+                   {"kda_conv_bytes_per_layer", cache.kda_conv_per_layer},
+                   {"mla_bytes_per_token_per_layer", cache.mla_per_token_per_layer},
+                   {"kda_bytes", cache.kda_total},
+                   {"mla_bytes", cache.mla_total},
+                   {"total_bytes", cache.total()},
+                   {"mha_bytes_per_token_per_layer", cache.mha_per_token_per_layer},
+                   {"mha_total_bytes", cache.mha_total},
+                   {"ratio_vs_mha", cache.ratio_vs_mha}}},
+        {"flops_per_token", {{"context", context},
+                             {"matmul", fl.matmul},
+                             {"conv", fl.conv},
+                             {"mla_attention", fl.mla_attn},
+                             {"kda_state", fl.kda_state},
+                             {"total", fl.total()}}},
+    };
+    if (want_place) {
+      j["placement"] = {{"gpus", pl.gpus},
+                        {"gpu_mem_gib", pl.gpu_mem_gib},
+                        {"batch", batch},
+                        {"experts_per_device", pl.experts_per_device},
+                        {"sequences_per_device", pl.sequences_per_device},
+                        {"replicated_bytes", pl.replicated_bytes},
+                        {"expert_bytes", pl.expert_bytes},
+                        {"cache_bytes", pl.cache_bytes},
+                        {"per_device_bytes", pl.per_device_bytes()},
+                        {"capacity_bytes", pl.capacity_bytes()},
+                        {"fits", pl.fits()}};
+    } else {
+      j["placement"] = nullptr;
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+
+  std::printf("config %s\n", path.c_str());
+  std::printf("  d %lld, %lld layers (%zu KDA, %zu MLA), %lld experts top-%lld, latent %lld, vocab %lld\n\n",
+              (long long)c.hidden_size, (long long)c.num_hidden_layers, c.kda_layers.size(),
+              c.full_attn_layers.size(), (long long)c.num_experts, (long long)c.num_experts_per_token,
+              (long long)c.routed_expert_hidden_size, (long long)c.vocab_size);
+
+  std::printf("parameters (active per token: top-%lld of %lld routed experts, embedding excluded)\n",
+              (long long)c.num_experts_per_token, (long long)c.num_experts);
+  std::printf("  %-16s %8s %10s %16s %10s %16s\n", "component", "tensors", "total", "", "active", "");
+  for (int i = 0; i < kNumComponents; ++i) {
+    const ComponentCount& cc = pc.by_component[size_t(i)];
+    if (cc.tensors == 0) continue;
+    std::printf("  %-16s %8lld %10s %16lld %10s %16lld\n", component_name(Component(i)), (long long)cc.tensors,
+                human_count(double(cc.total)).c_str(), (long long)cc.total, human_count(double(cc.active)).c_str(),
+                (long long)cc.active);
+  }
+  std::printf("  %-16s %8lld %10s %16lld %10s %16lld\n\n", "total", (long long)pc.tensors,
+              human_count(double(pc.total)).c_str(), (long long)pc.total, human_count(double(pc.active)).c_str(),
+              (long long)pc.active);
+
+  std::printf("weights, storage %s (%s)\n", weight_storage_name(storage),
+              storage == WeightStorage::BF16 ? "every tensor bf16"
+                                             : "routed experts MXFP4 at 4.25 bits per weight, rest bf16");
+  std::printf("  routed experts %12s %18llu bytes\n", human_bytes(double(wb.routed_experts)).c_str(),
+              (unsigned long long)wb.routed_experts);
+  std::printf("  other          %12s %18llu bytes\n", human_bytes(double(wb.other)).c_str(),
+              (unsigned long long)wb.other);
+  std::printf("  total          %12s %18llu bytes\n", human_bytes(double(wb.total())).c_str(),
+              (unsigned long long)wb.total());
+  if (storage == WeightStorage::MXFP4 && !wb.mxfp4_storable)
+    std::printf("  note: routed expert widths %lld and %lld are not both multiples of 32: this config cannot be\n"
+                "  stored in MXFP4; the figure above rounds each row up to whole 32-value groups\n",
+                (long long)c.routed_expert_hidden_size, (long long)c.moe_intermediate_size);
+  std::printf("\n");
+
+  std::printf("decode cache per sequence at context %lld (KDA state and conv f32, MLA latent bf16)\n", context);
+  std::printf("  KDA  %zu layers x (state %s + conv %s)  %12s\n", c.kda_layers.size(),
+              human_bytes(double(cache.kda_state_per_layer)).c_str(),
+              human_bytes(double(cache.kda_conv_per_layer)).c_str(), human_bytes(double(cache.kda_total)).c_str());
+  std::printf("  MLA  %zu layers x %llu bytes per token  %12s\n", c.full_attn_layers.size(),
+              (unsigned long long)cache.mla_per_token_per_layer, human_bytes(double(cache.mla_total)).c_str());
+  std::printf("  total %s (%llu bytes)\n", human_bytes(double(cache.total())).c_str(),
+              (unsigned long long)cache.total());
+  std::printf("  standard MHA cache, %lld heads x (K %lld + V %lld) bf16 at all %lld layers: %s, %.1fx larger\n\n",
+              (long long)c.num_attention_heads, (long long)c.mla_qk_head_dim(), (long long)c.v_head_dim,
+              (long long)c.num_hidden_layers, human_bytes(double(cache.mha_total)).c_str(), cache.ratio_vs_mha);
+
+  std::printf("forward FLOPs per token (causal sequence of %lld tokens)\n", context);
+  std::printf("  matmul (2 x active matrix params)  %12s\n", human_flops(fl.matmul).c_str());
+  std::printf("  short conv                         %12s\n", human_flops(fl.conv).c_str());
+  std::printf("  MLA attention                      %12s\n", human_flops(fl.mla_attn).c_str());
+  std::printf("  KDA state update                   %12s\n", human_flops(fl.kda_state).c_str());
+  std::printf("  total                              %12s (%.4g)\n", human_flops(fl.total()).c_str(), fl.total());
+
+  if (want_place) {
+    std::printf("\nplacement on %lld GPUs x %g GiB (routed experts split, rest replicated, batch %lld)\n",
+                (long long)pl.gpus, pl.gpu_mem_gib, batch);
+    std::printf("  experts per device %lld of %lld per layer, sequences per device %lld\n",
+                (long long)pl.experts_per_device, (long long)c.num_experts, (long long)pl.sequences_per_device);
+    std::printf("  replicated %s + experts %s + cache %s = %s per device of %s: %s\n",
+                human_bytes(double(pl.replicated_bytes)).c_str(), human_bytes(double(pl.expert_bytes)).c_str(),
+                human_bytes(double(pl.cache_bytes)).c_str(), human_bytes(double(pl.per_device_bytes())).c_str(),
+                human_bytes(double(pl.capacity_bytes())).c_str(), pl.fits() ? "fits" : "does NOT fit");
+  }
+  return 0;
+}
+
 }  // namespace k3::cli

@@ -1,0 +1,409 @@
+// Fast chunked KDA, the parts shared by forward and backward (kda_fast_impl.h): workspace,
+// vectorised exp, chunk preparation with the tile anchors, the intra-chunk tiles (dense, or
+// safe on the diagonal) and the UT transform. K3_REFERENCE section 3, "Chunkwise form".
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "kernels/kda_fast_impl.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace k3 {
+namespace kda_fast {
+
+AlignedBuf::~AlignedBuf() { aligned_free64(p_); }
+AlignedBuf& AlignedBuf::operator=(AlignedBuf&& o) noexcept {
+  if (this != &o) {
+    aligned_free64(p_);
+    p_ = o.p_, n_ = o.n_;
+    o.p_ = nullptr, o.n_ = 0;
+  }
+  return *this;
+}
+void AlignedBuf::reserve(size_t bytes) {
+  if (bytes <= n_) return;
+  aligned_free64(p_);
+  p_ = nullptr, n_ = 0;
+  p_ = aligned_alloc64(bytes);
+  n_ = bytes;
+}
+
+Geom make_geom(int64_t Tn, int64_t H, int64_t Dk, int64_t Dv, double scale, const KDAFastOptions& opt) {
+  K3_ASSERT(opt.chunk >= kTile && opt.chunk <= 128 && opt.chunk % kTile == 0,
+            "KDAFastOptions.chunk must be a multiple of 16 in [16, 128]");
+  K3_ASSERT(Tn >= 0 && H >= 1 && Dk >= 1 && Dv >= 1, "kda fast: bad dimensions");
+  Geom g{};
+  g.Tn = Tn, g.H = H, g.Dk = Dk, g.Dv = Dv, g.C = opt.chunk, g.NB = opt.chunk / kTile;
+  g.NT = (Tn + g.C - 1) / g.C;
+  g.Dkp = round_up(Dk, 16), g.Dvp = round_up(Dv, 16);
+  g.scale = float(scale);
+  g.bf16 = opt.bf16;
+  g.dense = kda_fast_diag_path(opt) == KDAFastOptions::DiagPath::Dense;
+  return g;
+}
+
+void Scratch::carve(const Geom& g) {
+  const int64_t C = g.C, CK = C * g.Dkp, CV = C * g.Dvp, KV = g.Dkp * g.Dvp, CC = C * C, Kp = g.Dkp;
+  const int64_t TBn = std::max({KV, CV, CC});
+  float** f32s[] = {&Q, &K, &G, &E, &Edl, &Ga, &Kd, &Y, &Ex, &Ey, &YT, &dKd, &dY, &dG};
+  float** f32d[] = {&KQe, &XQ, &dKQe, &dXQ};  // 2C x Dkp
+  float** cc[] = {&Akk, &Aqk, &Linv, &Tm, &dT, &dAqk, &dLinv, &M1, &dL, &LT};
+  float** cv[] = {&V, &R, &Vp, &dVp};
+  float** kv[] = {&S, &dS, &dSn};
+  // bf16 operand buffers, in uint16 units: A up to 2C x Dkp (or its transpose), B up to
+  // max(Dkp x Dvp, 2C x Dvp, Dkp x C, C x C) plus a pad pair-row.
+  const int64_t HA = std::max({2 * CK, CC, 32 * Kp}), HB = std::max({KV, 2 * CV, CK, CC}) + 2 * std::max(Kp, g.Dvp);
+  size_t nf = 14 * CK + 4 * 2 * CK + 10 * CC + 4 * CV + 3 * KV;
+  nf += 2 * CV + 2 * CV + TBn + 2 * C * C;  // P, G2, TB, dAA
+  nf += 32 * Kp + 3 * Kp + 32 * 16 + Kp + 2 * C + 64;  // Asc, f, El, dEl, Ct, vec, beta, dbeta, slack
+  const size_t nh = HA + 2 * HB + (CK + 2 * Kp) + (2 * CK + 2 * Kp);
+  // every buffer starts on a 64-byte boundary
+  const size_t nbuf = 64;
+  mem.reserve((nf + nh / 2 + 2 * nbuf * 16) * sizeof(float));
+  char* p = mem.as<char>();
+  auto take = [&](size_t bytes) {
+    char* r = p;
+    p += (bytes + 63) / 64 * 64;
+    return r;
+  };
+  auto tf = [&](int64_t n) { return reinterpret_cast<float*>(take(size_t(n) * 4)); };
+  auto th = [&](int64_t n) { return reinterpret_cast<uint16_t*>(take(size_t(n) * 2)); };
+  for (auto pp : f32s) *pp = tf(CK);
+  for (auto pp : f32d) *pp = tf(2 * CK);
+  for (auto pp : cc) *pp = tf(CC);
+  for (auto pp : cv) *pp = tf(CV);
+  for (auto pp : kv) *pp = tf(KV);
+  P = tf(2 * CV), G2 = tf(2 * CV), TB = tf(TBn), dAA = tf(2 * C * C);
+  Asc = tf(32 * Kp), f = tf(Kp), El = tf(Kp), dEl = tf(Kp), Ct = tf(32 * 16), vec = tf(Kp), beta = tf(C),
+  dbeta = tf(C);
+  ha = th(HA), hb1 = th(HB), hb2 = th(HB), hY = th(CK + 2 * Kp), hXQ = th(2 * CK + 2 * Kp);
+  K3_ASSERT(size_t(p - mem.as<char>()) <= mem.bytes(), "kda fast: scratch carve overflow");
+}
+
+// ---------------------------------------------------------------------------------------
+// exp
+
+#if defined(__AVX512F__)
+static inline __m512 exp512(__m512 x) {
+  // e^x = 2^n e^r, n = round(x log2 e), |r| <= ln2/2; degree-7 Taylor for e^r (error < 1 ulp).
+  const __m512 under = _mm512_set1_ps(-88.0f);
+  x = _mm512_min_ps(_mm512_set1_ps(89.0f), x);  // keeps NaN; > 88.72 overflows to inf below
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, under, _CMP_GE_OQ) | _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_maskz_scalef_ps(keep, p, n);
+}
+#endif
+
+void vexp(float* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, exp512(_mm512_loadu_ps(src + i)));
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(dst + i, m, exp512(_mm512_maskz_loadu_ps(m, src + i)));
+  }
+  return;
+#endif
+  for (; i < n; ++i) dst[i] = std::exp(src[i]);
+}
+
+// ---------------------------------------------------------------------------------------
+// chunk preparation
+
+void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, const float* v, const float* g,
+                const float* beta, int64_t h, int64_t t0, int64_t n, bool need_v) {
+  const int64_t C = gm.C, Dk = gm.Dk, Dv = gm.Dv, Kp = gm.Dkp, Vp = gm.Dvp, H = gm.H;
+  const int64_t ldk = H * Dk, ldv = H * Dv;
+  const float sc = gm.scale;
+  for (int64_t i = 0; i < C; ++i) {
+    float *Qi = s.Q + i * Kp, *Ki = s.K + i * Kp, *Gi = s.G + i * Kp;
+    const float* Gp = i ? Gi - Kp : nullptr;
+    if (i < n) {
+      const float *qi = q + (t0 + i) * ldk + h * Dk, *ki = k + (t0 + i) * ldk + h * Dk,
+                  *gi = g + (t0 + i) * ldk + h * Dk;
+      for (int64_t c = 0; c < Dk; ++c) {
+        Qi[c] = sc * qi[c];
+        Ki[c] = ki[c];
+        Gi[c] = Gp ? Gp[c] + gi[c] : gi[c];
+      }
+      if (!gm.dense) {  // e^g per token for the Safe diagonal tiles (padding: e^0)
+        vexp(s.Ga + i * Kp, gi, Dk);
+        for (int64_t c = Dk; c < Kp; ++c) s.Ga[i * Kp + c] = 1.f;
+      }
+      if (need_v) {
+        const float* vi = v + (t0 + i) * ldv + h * Dv;
+        std::memcpy(s.V + i * Vp, vi, size_t(Dv) * 4);
+        std::fill(s.V + i * Vp + Dv, s.V + (i + 1) * Vp, 0.f);
+      }
+      s.beta[i] = beta[(t0 + i) * H + h];
+    } else {
+      std::fill(Qi, Qi + Dk, 0.f);
+      std::fill(Ki, Ki + Dk, 0.f);
+      for (int64_t c = 0; c < Dk; ++c) Gi[c] = Gp ? Gp[c] : 0.f;
+      if (!gm.dense) std::fill(s.Ga + i * Kp, s.Ga + (i + 1) * Kp, 1.f);
+      if (need_v) std::fill(s.V + i * Vp, s.V + (i + 1) * Vp, 0.f);
+      s.beta[i] = 0.f;
+    }
+    for (int64_t c = Dk; c < Kp; ++c) Qi[c] = Ki[c] = Gi[c] = 0.f;
+  }
+  const float* Gl = s.G + (C - 1) * Kp;
+  vexp(s.El, Gl, Kp);
+  float* t = s.vec;
+  for (int64_t i = 0; i < C; ++i) {
+    const float *Gi = s.G + i * Kp, *Qi = s.Q + i * Kp, *Ki = s.K + i * Kp;
+    float *E = s.E + i * Kp, *Edl = s.Edl + i * Kp;
+    vexp(E, Gi, Kp);
+#pragma omp simd
+    for (int64_t c = 0; c < Kp; ++c) t[c] = Gl[c] - Gi[c];
+    vexp(Edl, t, Kp);
+    float *Ke = s.KQe + i * Kp, *Qe = s.KQe + (C + i) * Kp, *Kd = s.Kd + i * Kp;
+#pragma omp simd
+    for (int64_t c = 0; c < Kp; ++c) {
+      Ke[c] = Ki[c] * E[c];
+      Qe[c] = Qi[c] * E[c];
+      Kd[c] = Ki[c] * Edl[c];
+    }
+  }
+  // Anchored tile operands: X = K e^(G - G_r), Qx = Q e^(G - G_r), Y = K e^(G_c - G).
+  for (int64_t I = 0; I < gm.NB; ++I) {
+    const int64_t r = anchor_row(gm, I), cc = anchor_col(gm, I);
+    for (int64_t il = 0; il < kTile; ++il) {
+      const int64_t i = I * kTile + il;
+      const float *Gi = s.G + i * Kp, *Qi = s.Q + i * Kp, *Ki = s.K + i * Kp, *Gc = s.G + cc * Kp;
+      float *Ex = s.Ex + i * Kp, *Ey = s.Ey + i * Kp;
+      if (r >= 0) {
+        const float* Gr = s.G + r * Kp;
+#pragma omp simd
+        for (int64_t c = 0; c < Kp; ++c) t[c] = Gi[c] - Gr[c];
+      } else {
+#pragma omp simd
+        for (int64_t c = 0; c < Kp; ++c) t[c] = Gi[c];
+      }
+      vexp(Ex, t, Kp);
+#pragma omp simd
+      for (int64_t c = 0; c < Kp; ++c) t[c] = Gc[c] - Gi[c];
+      vexp(Ey, t, Kp);
+      float *X = s.XQ + (I * 2 * kTile + il) * Kp, *Qx = X + kTile * Kp, *Y = s.Y + i * Kp;
+#pragma omp simd
+      for (int64_t c = 0; c < Kp; ++c) {
+        X[c] = Ki[c] * Ex[c];
+        Qx[c] = Qi[c] * Ex[c];
+        Y[c] = Ki[c] * Ey[c];
+      }
+    }
+  }
+}
+
+void tile_factor(const Geom& gm, const Scratch& s, int64_t I, int64_t J, float* f) {
+  const int64_t Kp = gm.Dkp, r = anchor_row(gm, I), c = anchor_col(gm, J);
+  const float *Gr = s.G + r * Kp, *Gc = s.G + c * Kp;
+  float* t = s.vec;
+#pragma omp simd
+  for (int64_t d = 0; d < Kp; ++d) t[d] = Gr[d] - Gc[d];
+  vexp(f, t, Kp);
+}
+
+static inline float dot(const float* a, const float* b, int64_t n) {
+  float r = 0;
+#pragma omp simd reduction(+ : r)
+  for (int64_t i = 0; i < n; ++i) r += a[i] * b[i];
+  return r;
+}
+
+// Safe path, diagonal tile I: pair (i, j), j <= i, from y = K_j prod_{t=j+1..i} e^g_t (<= 1).
+static void diag_tile_safe(const Geom& gm, Scratch& s, int64_t I) {
+  const int64_t Kp = gm.Dkp, C = gm.C;
+  float* y = s.vec;
+  for (int64_t jl = 0; jl < kTile; ++jl) {
+    const int64_t j = I * kTile + jl;
+    std::memcpy(y, s.K + j * Kp, size_t(Kp) * 4);
+    s.Aqk[j * C + j] = dot(s.Q + j * Kp, y, Kp);
+    for (int64_t i = j + 1; i < (I + 1) * kTile; ++i) {
+      const float* a = s.Ga + i * Kp;
+#pragma omp simd
+      for (int64_t c = 0; c < Kp; ++c) y[c] *= a[c];
+      s.Akk[i * C + j] = dot(s.K + i * Kp, y, Kp);
+      s.Aqk[i * C + j] = dot(s.Q + i * Kp, y, Kp);
+    }
+  }
+}
+
+void intra_chunk(const Geom& gm, Scratch& s) {
+  const int64_t C = gm.C, Kp = gm.Dkp;
+  std::memset(s.Akk, 0, size_t(C * C) * 4);
+  std::memset(s.Aqk, 0, size_t(C * C) * 4);
+  // B = Y^T (Dkp x C), shared by every tile of a block column.
+  const BOp yt = b_op(gm.bf16, s.Y, Kp, /*trans=*/true, Kp, C, s.hb2, s.YT);
+  for (int64_t I = 0; I < gm.NB; ++I)
+    for (int64_t J = 0; J <= I; ++J) {
+      if (J == I && !gm.dense) {
+        diag_tile_safe(gm, s, I);
+        continue;
+      }
+      const float* f = nullptr;
+      if (J < I) tile_factor(gm, s, I, J, f = s.f);
+      // [Akk_IJ ; Aqk_IJ] = ([X_I ; Qx_I] diag(f)) Y_J^T
+      const AOp a = a_op(gm.bf16, s.XQ + I * 2 * kTile * Kp, Kp, false, 2 * kTile, Kp, s.ha, f, s.Asc);
+      mm(s.Ct, kTile, a, b_sub(yt, 0, J * kTile), 2 * kTile, kTile, Kp, 1.f, false);
+      for (int64_t r = 0; r < kTile; ++r) {
+        const int64_t i = I * kTile + r;
+        const int64_t nk = J < I ? kTile : r, nq = J < I ? kTile : r + 1;  // masks on the diagonal
+        std::memcpy(s.Akk + i * C + J * kTile, s.Ct + r * kTile, size_t(nk) * 4);
+        std::memcpy(s.Aqk + i * C + J * kTile, s.Ct + (kTile + r) * kTile, size_t(nq) * 4);
+      }
+    }
+}
+
+void ut_transform(const Geom& gm, Scratch& s) {
+  const int64_t C = gm.C;
+  std::memset(s.Linv, 0, size_t(C * C) * 4);
+  for (int64_t i = 0; i < C; ++i) {
+    float* row = s.Linv + i * C;
+    row[i] = 1.f;
+    const float bi = s.beta[i];
+    // row_i = e_i - beta_i sum_{j<i} Akk[i,j] row_j   (rows j are zero beyond column j)
+    for (int64_t j = 0; j < i; ++j) {
+      const float c = -bi * s.Akk[i * C + j];
+      const float* rj = s.Linv + j * C;
+#pragma omp simd
+      for (int64_t m = 0; m <= j; ++m) row[m] += c * rj[m];
+    }
+  }
+  for (int64_t i = 0; i < C; ++i)
+#pragma omp simd
+    for (int64_t m = 0; m < C; ++m) s.Tm[i * C + m] = s.Linv[i * C + m] * s.beta[m];
+}
+
+// ---------------------------------------------------------------------------------------
+// operands
+
+AOp a_op(bool bf16, const float* src, int64_t lds, bool trans, int64_t M, int64_t K, uint16_t* hbuf,
+         const float* colscale, float* fbuf) {
+  AOp a;
+  K3_ASSERT(!(trans && colscale), "a_op: column scale of a transposed operand");
+  if (!bf16) {
+    if (!colscale) {
+      a.f = src, a.lda = lds, a.trans = trans;
+      return a;
+    }
+    for (int64_t i = 0; i < M; ++i)
+#pragma omp simd
+      for (int64_t c = 0; c < K; ++c) fbuf[i * K + c] = src[i * lds + c] * colscale[c];
+    a.f = fbuf, a.lda = K;
+    return a;
+  }
+  K3_ASSERT(K % 2 == 0, "a_op: bf16 operand needs an even inner dimension");
+  if (trans)
+    to_bf16_t(hbuf, K, src, lds, K, M);
+  else
+    to_bf16(hbuf, K, src, lds, M, K, colscale);
+  a.h = hbuf, a.ldh = K;
+  return a;
+}
+
+BOp b_op(bool bf16, const float* src, int64_t lds, bool trans, int64_t K, int64_t N, uint16_t* hbuf, float* fbuf) {
+  BOp b;
+  if (!bf16) {
+    if (!trans) {
+      b.f = src, b.ldb = lds;
+    } else {
+      transpose_f32(fbuf, N, src, lds, N, K);
+      b.f = fbuf, b.ldb = N;
+    }
+    return b;
+  }
+  if (trans)
+    pack_vnni_t(hbuf, N, src, lds, K, N);
+  else
+    pack_vnni(hbuf, N, src, lds, K, N);
+  b.h = hbuf, b.ldh = N;
+  return b;
+}
+
+void mm(float* C, int64_t ldc, const AOp& a, const BOp& b, int64_t M, int64_t N, int64_t K, float alpha,
+        bool accumulate, Tri tri, const float* colscale) {
+  if (a.h) {
+    K3_ASSERT(b.h != nullptr, "kda fast: bf16 A with f32 B");
+    mm_bf16(C, ldc, a.h, a.ldh, b.h, b.ldh, M, N, K, alpha, accumulate, tri, colscale);
+  } else {
+    K3_ASSERT(b.f != nullptr, "kda fast: f32 A with bf16 B");
+    mm_f32(C, ldc, a.f, a.lda, a.trans, b.f, b.ldb, M, N, K, alpha, accumulate, tri, colscale);
+  }
+}
+
+}  // namespace kda_fast
+
+// ---------------------------------------------------------------------------------------
+// public odds and ends
+
+KDAFastOptions::DiagPath kda_fast_diag_path(const KDAFastOptions& opt) {
+  if (opt.diag != KDAFastOptions::DiagPath::Auto) return opt.diag;
+  return opt.gate_bounded ? KDAFastOptions::DiagPath::Dense : KDAFastOptions::DiagPath::Safe;
+}
+
+KDAWorkspace::KDAWorkspace() : impl_(std::make_unique<Impl>()) {}
+KDAWorkspace::~KDAWorkspace() = default;
+KDAWorkspace::KDAWorkspace(KDAWorkspace&&) noexcept = default;
+KDAWorkspace& KDAWorkspace::operator=(KDAWorkspace&&) noexcept = default;
+bool KDAWorkspace::has_saved() const { return impl_->saved; }
+size_t KDAWorkspace::bytes() const {
+  size_t n = impl_->states.bytes() + impl_->rv.bytes();
+  for (auto& t : impl_->threads) n += t.mem.bytes();
+  return n;
+}
+void KDAWorkspace::release() { impl_ = std::make_unique<Impl>(); }
+
+void KDAWorkspace::Impl::prepare_threads(const kda_fast::Geom& g) {
+  const int nt = std::max(1, omp_get_max_threads());
+  if (int(threads.size()) < nt) threads.resize(nt);
+  for (auto& t : threads) t.carve(g);
+}
+
+void KDAWorkspace::Impl::prepare_saved(const kda_fast::Geom& g) {
+  saved_geom = g;
+  states.reserve(size_t(g.H * g.NT * g.Dkp * g.Dvp) * 4);
+  rv.reserve(size_t(g.H * g.NT * 2 * g.C * g.Dvp) * 4);
+}
+
+double kda_chunk_fast_flops(int64_t Tn, int64_t H, int64_t Dk, int64_t Dv, int64_t chunk, bool backward) {
+  const double C = double(chunk), NB = C / 16, NT = double((Tn + chunk - 1) / chunk), dk = double(Dk),
+               dv = double(Dv);
+  const double tiles = NB * (NB + 1) / 2 * 2 * 32 * 16 * dk;  // [Akk ; Aqk] tiles
+  const double tri = C * (C + 16) / 2;                       // lower C x C at 16-row granularity
+  double per = tiles + 2 * (2 * C) * dk * dv                 // [K E ; Q E] S
+               + 2 * tri * dv * 2                            // V' = Tm R, Aqk V'
+               + 2 * dk * dv * C;                            // Kd^T V'
+  if (backward) {
+    per = tiles                                 // recomputed Akk, Aqk
+          + 2 * C * dk * dv + 2 * tri * dv      // dV' = Kd dS + Aqk^T dO
+          + 2 * tri * dv                        // dR = Tm^T dV'
+          + 2 * (2 * C) * dv * dk               // [-dR ; dO] S0^T
+          + 2 * C * dv * dk                     // dKd = V' dS^T
+          + 2 * 2 * NB * (NB + 1) / 2 * 256 * dv  // dT, dAqk (lower row blocks)
+          + 2 * dk * dv * 2 * C                 // dS0 += [K E ; Q E]^T [-dR ; dO]
+          + 2 * 2 * C * C * C                   // UT backward
+          + 2 * tiles;                          // tile gradients
+  }
+  return per * NT * double(H);
+}
+
+}  // namespace k3

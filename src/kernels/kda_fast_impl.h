@@ -1,0 +1,148 @@
+// Internals of the fast chunked KDA kernel (kda_fast.h), shared by its forward and backward
+// files: the workspace layout, the per-chunk preparation (gather, cumulative decay, anchored
+// operands), the intra-chunk tiles, the UT transform, and the operand wrappers that let one
+// code path run its products in f32 or bf16. Not a public API.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/kda_fast.h"
+#include "kernels/matmul_bf16.h"
+
+namespace k3::kda_fast {
+
+constexpr int64_t kTile = 16;  // sub-tile size (K3_REFERENCE section 3)
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// 64-byte aligned, uninitialised, move-only.
+class AlignedBuf {
+ public:
+  AlignedBuf() = default;
+  ~AlignedBuf();
+  AlignedBuf(AlignedBuf&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  AlignedBuf& operator=(AlignedBuf&& o) noexcept;
+  void reserve(size_t bytes);  // grows (contents lost), never shrinks
+  size_t bytes() const { return n_; }
+  template <typename T> T* as() { return static_cast<T*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Problem shape with padded widths (Dkp, Dvp multiples of 16) and the resolved options.
+struct Geom {
+  int64_t Tn, H, Dk, Dv, C, NB, NT, Dkp, Dvp;
+  float scale;
+  bool bf16, dense;
+  bool same(const Geom& o) const {
+    return Tn == o.Tn && H == o.H && Dk == o.Dk && Dv == o.Dv && C == o.C && bf16 == o.bf16 && dense == o.dense;
+  }
+};
+Geom make_geom(int64_t Tn, int64_t H, int64_t Dk, int64_t Dv, double scale, const KDAFastOptions& opt);
+
+// Per-thread scratch, carved from one allocation. Shapes in comments (rows x cols, row-major).
+struct Scratch {
+  // chunk inputs and decay
+  float *Q, *K, *G, *V, *beta;  // Q = scale q, G = cumsum g: C x Dkp; V: C x Dvp; beta: C
+  float *E, *Edl, *Ga, *El;     // e^G, e^(G_last - G), e^g (Safe path): C x Dkp; El: Dkp
+  float *KQe, *Kd;              // [K E ; Q E]: 2C x Dkp; K e^(G_last - G): C x Dkp
+  float *XQ, *Y, *Ex, *Ey;      // per block I: [X_I ; Qx_I] (32 x Dkp), Y, anchor factors: C x Dkp
+  float *YT, *Asc, *f, *Ct, *vec;  // Y^T: Dkp x C; scaled tile operand 32 x Dkp; f: Dkp; tile 32 x 16
+  // chunk matrices
+  float *Akk, *Aqk, *Linv, *Tm;  // C x C
+  float *P, *R, *Vp, *S;         // P: 2C x Dvp ([K E S ; Q E S]); R, V': C x Dvp; S: Dkp x Dvp
+  // backward
+  float *G2, *dVp, *dS, *dSn, *TB;  // [-dR ; dO]: 2C x Dvp; dV': C x Dvp; dS: Dkp x Dvp; TB: transposes
+  float *dT, *dAqk, *dLinv, *M1, *dL, *LT, *dAA;  // C x C (dAA: NB blocks of 32 x C)
+  float *dKQe, *dKd, *dXQ, *dY, *dG, *dEl, *dbeta;  // 2C x Dkp, C x Dkp, 2C x Dkp, C x Dkp, C x Dkp, Dkp, C
+  // bf16 operands
+  uint16_t *ha, *hb1, *hb2, *hY, *hXQ;
+  AlignedBuf mem;
+  void carve(const Geom& g);
+};
+
+}  // namespace k3::kda_fast
+
+namespace k3 {
+
+struct KDAWorkspace::Impl {
+  std::vector<kda_fast::Scratch> threads;
+  // Saved by a forward with save_for_backward: per head h and chunk c (padded widths),
+  // the state at the chunk start [Dkp, Dvp], R and V' [C, Dvp].
+  kda_fast::AlignedBuf states, rv;
+  kda_fast::Geom saved_geom{};
+  bool saved = false;
+  float* state_at(int64_t h, int64_t c) {
+    const auto& g = saved_geom;
+    return states.as<float>() + (h * g.NT + c) * g.Dkp * g.Dvp;
+  }
+  float* r_at(int64_t h, int64_t c) {
+    const auto& g = saved_geom;
+    return rv.as<float>() + ((h * g.NT + c) * 2) * g.C * g.Dvp;
+  }
+  float* vp_at(int64_t h, int64_t c) { return r_at(h, c) + saved_geom.C * saved_geom.Dvp; }
+  void prepare_threads(const kda_fast::Geom& g);
+  void prepare_saved(const kda_fast::Geom& g);
+};
+
+}  // namespace k3
+
+namespace k3::kda_fast {
+
+// dst[i] = e^src[i] (AVX-512 where present; inf above ~88.7, 0 below -88, NaN kept).
+void vexp(float* dst, const float* src, int64_t n);
+
+// Loads chunk rows [t0, t0 + n) of head h into the scratch (zero rows and columns as
+// padding, g = 0 there) and forms G, E, Edl, El, KQe, Kd, anchored XQ and Y (and Ga for the
+// Safe path). need_v: also load V.
+void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, const float* v, const float* g,
+                const float* beta, int64_t h, int64_t t0, int64_t n, bool need_v);
+// Anchor rows of block I: row side rI, column side cI (index -1 means the chunk start, G = 0).
+inline int64_t anchor_row(const Geom& gm, int64_t I) { return gm.dense ? I * kTile + kTile / 2 : I * kTile - 1; }
+inline int64_t anchor_col(const Geom& gm, int64_t I) { return gm.dense ? I * kTile + kTile / 2 : I * kTile + kTile - 1; }
+// f[d] = e^(G[rI] - G[cJ]) for the off-diagonal tile (I, J), J < I.
+void tile_factor(const Geom& gm, const Scratch& s, int64_t I, int64_t J, float* f);
+// Akk (strict lower), Aqk (lower, diagonal included), C x C, zero above.
+void intra_chunk(const Geom& gm, Scratch& s);
+// Linv = (I + diag(beta) Akk)^-1, Tm = Linv diag(beta).
+void ut_transform(const Geom& gm, Scratch& s);
+
+// Product operands: f32 views, or bf16 copies packed into scratch.
+struct AOp {
+  const float* f = nullptr;
+  int64_t lda = 0;
+  bool trans = false;
+  const uint16_t* h = nullptr;
+  int64_t ldh = 0;
+};
+struct BOp {
+  const float* f = nullptr;
+  int64_t ldb = 0;
+  const uint16_t* h = nullptr;
+  int64_t ldh = 0;
+};
+// A (M x K): A(i, k) = src[i*lds + k], or src[k*lds + i] when trans. colscale scales A's
+// columns (f32 mode: into fbuf).
+AOp a_op(bool bf16, const float* src, int64_t lds, bool trans, int64_t M, int64_t K, uint16_t* hbuf,
+         const float* colscale = nullptr, float* fbuf = nullptr);
+// B (K x N): B(k, n) = src[k*lds + n], or src[n*lds + k] when trans (f32 mode: into fbuf).
+BOp b_op(bool bf16, const float* src, int64_t lds, bool trans, int64_t K, int64_t N, uint16_t* hbuf,
+         float* fbuf = nullptr);
+// The sub-operand starting at row k0 of B (k0 even) and column n0.
+inline BOp b_sub(const BOp& b, int64_t k0, int64_t n0) {
+  BOp r = b;
+  if (b.f) r.f = b.f + k0 * b.ldb + n0;
+  if (b.h) r.h = b.h + (k0 / 2) * 2 * b.ldh + 2 * n0;
+  return r;
+}
+void mm(float* C, int64_t ldc, const AOp& a, const BOp& b, int64_t M, int64_t N, int64_t K, float alpha,
+        bool accumulate, Tri tri = Tri::None, const float* colscale = nullptr);
+
+// Forward over all chunks of head h; o may be null (state pass only); save: store the
+// per-chunk state, R, V' into ws.
+void forward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* o, float* state, const float* q,
+                  const float* k, const float* v, const float* g, const float* beta, int64_t h, bool save);
+
+}  // namespace k3::kda_fast

@@ -1,0 +1,161 @@
+// Routed SiTU-GLU experts: grouped gemm path and plain reference (see moe.h).
+#include "kernels/moe.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "kernels/activations.h"
+#include "kernels/gemm.h"
+
+namespace k3 {
+
+static void check_expert(const ExpertMatrix& m, int64_t rows, int64_t cols) {
+  K3_ASSERT((m.f32 != nullptr) != (m.mx != nullptr), "moe: an expert matrix needs exactly one of f32 / mx");
+  K3_ASSERT(m.rows == rows && m.cols == cols, "moe: expert matrix has the wrong shape");
+  K3_ASSERT(!m.mx || (m.mx->rows == rows && m.mx->cols == cols), "moe: MXFP4 matrix has the wrong shape");
+}
+
+// The expert's f32 matrix: its own storage, or `buf` after dequantising the MXFP4 one.
+static const float* expert_f32(const ExpertMatrix& m, float* buf) {
+  if (m.f32) return m.f32;
+  const uint8_t* p = m.mx->packed.data<uint8_t>();
+  const uint8_t* s = m.mx->scales.data<uint8_t>();
+  for (int64_t r = 0; r < m.rows; ++r)
+    mxfp4_decode_row(p + r * (m.cols / 2), s + r * (m.cols / 32), buf + r * m.cols, size_t(m.cols));
+  return buf;
+}
+
+void moe_dispatch(MoEDispatch& out, const int32_t* topk_idx, int64_t Tn, int64_t k, int64_t E) {
+  out.offset.assign(size_t(E + 1), 0);
+  out.cursor.resize(size_t(E));
+  out.token.resize(size_t(Tn * k));
+  out.slot.resize(size_t(Tn * k));
+  for (int64_t a = 0; a < Tn * k; ++a) {
+    K3_ASSERT(topk_idx[a] >= 0 && topk_idx[a] < E, "moe: expert index out of range");
+    ++out.offset[size_t(topk_idx[a]) + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) out.offset[e + 1] += out.offset[e];
+  std::copy(out.offset.begin(), out.offset.end() - 1, out.cursor.begin());
+  for (int64_t a = 0; a < Tn * k; ++a) {  // ascending (token, slot): stable by token
+    const int64_t pos = out.cursor[topk_idx[a]]++;
+    out.token[pos] = int32_t(a / k);
+    out.slot[pos] = a;
+  }
+}
+
+void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, const float* topk_w,
+                         const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2, int64_t Tn,
+                         int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
+                         MoEExpertScratch& scratch) {
+  K3_ASSERT(k > 0, "moe: top_k must be positive");
+  MoEDispatch& dp = scratch.dispatch;
+  moe_dispatch(dp, topk_idx, Tn, k, E);
+  scratch.active.clear();
+  int64_t max_rows = 0;
+  bool any_mx = false;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = dp.offset[e + 1] - dp.offset[e];
+    if (n == 0) continue;
+    check_expert(w1[e], F, n_in);
+    check_expert(w3[e], F, n_in);
+    check_expert(w2[e], n_in, F);
+    any_mx = any_mx || w1[e].mx || w3[e].mx || w2[e].mx;
+    scratch.active.push_back(int32_t(e));
+    max_rows = std::max(max_rows, n);
+  }
+  const int64_t n_active = int64_t(scratch.active.size());
+  // Per-thread work area: gathered z rows, [W1 z | W3 z], SiTU, W2 output, dequantised weights.
+  const int64_t per_thread = max_rows * (n_in + 2 * F + F + n_in) + (any_mx ? 3 * F * n_in : 0);
+  const int nthreads = n_active > 1 ? omp_get_max_threads() : 1;
+  if (scratch.work.size() < size_t(per_thread * nthreads)) scratch.work.resize(size_t(per_thread * nthreads));
+  if (scratch.slots.size() < size_t(Tn * k * n_in)) scratch.slots.resize(size_t(Tn * k * n_in));
+  float* slots = scratch.slots.data();
+  const float fb1 = float(b1), fb2 = float(b2);
+
+#pragma omp parallel for schedule(dynamic, 1) if (n_active > 1)
+  for (int64_t ai = 0; ai < n_active; ++ai) {
+    const int64_t e = scratch.active[ai];
+    const int64_t begin = dp.offset[e], n = dp.offset[e + 1] - begin;
+    float* zg = scratch.work.data() + per_thread * (n_active > 1 ? omp_get_thread_num() : 0);
+    float* gu = zg + max_rows * n_in;   // [n, 2F] laid out [gate | up]
+    float* act = gu + max_rows * 2 * F;  // [n, F]
+    float* y = act + max_rows * F;       // [n, n_in]
+    float* deq = y + max_rows * n_in;    // 3 x [F * n_in] when any expert is MXFP4
+    for (int64_t r = 0; r < n; ++r)
+      std::memcpy(zg + r * n_in, z + int64_t(dp.token[begin + r]) * n_in, sizeof(float) * size_t(n_in));
+    const float* W1 = expert_f32(w1[e], deq);
+    const float* W3 = expert_f32(w3[e], deq + F * n_in);
+    const float* W2 = expert_f32(w2[e], deq + 2 * F * n_in);
+    gemm(false, true, n, F, n_in, 1.f, zg, n_in, W1, n_in, 0.f, gu, 2 * F);
+    gemm(false, true, n, F, n_in, 1.f, zg, n_in, W3, n_in, 0.f, gu + F, 2 * F);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < F; ++j) act[r * F + j] = situ(gu[r * 2 * F + j], gu[r * 2 * F + F + j], fb1, fb2);
+    gemm(false, true, n, n_in, F, 1.f, act, F, W2, F, 0.f, y, n_in);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t s = dp.slot[begin + r];
+      const float p = topk_w[s];
+      float* dst = slots + s * n_in;
+      for (int64_t c = 0; c < n_in; ++c) dst[c] = p * y[r * n_in + c];
+    }
+  }
+
+  // Combine in slot order: a fixed reduction order per token.
+#pragma omp parallel for schedule(static) if (Tn * k * n_in > 65536)
+  for (int64_t t = 0; t < Tn; ++t) {
+    float* ut = u + t * n_in;
+    std::memcpy(ut, slots + t * k * n_in, sizeof(float) * size_t(n_in));
+    for (int64_t i = 1; i < k; ++i) {
+      const float* src = slots + (t * k + i) * n_in;
+      for (int64_t c = 0; c < n_in; ++c) ut[c] += src[c];
+    }
+  }
+}
+
+// Row r of an expert matrix as f32: its own storage or decoded into `buf`.
+static const float* expert_row(const ExpertMatrix& m, int64_t r, float* buf) {
+  if (m.f32) return m.f32 + r * m.cols;
+  mxfp4_decode_row(m.mx->packed.data<uint8_t>() + r * (m.cols / 2), m.mx->scales.data<uint8_t>() + r * (m.cols / 32),
+                   buf, size_t(m.cols));
+  return buf;
+}
+
+void moe_experts_forward_reference(float* u, const float* z, const int32_t* topk_idx, const float* topk_w,
+                                   const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2,
+                                   int64_t Tn, int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
+                                   MoEExpertScratch& scratch) {
+  scratch.row.resize(size_t(std::max(n_in, F)));
+  std::vector<double> act(static_cast<size_t>(F)), acc(static_cast<size_t>(n_in));
+  for (int64_t t = 0; t < Tn; ++t) {
+    const float* zt = z + t * n_in;
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t e = topk_idx[t * k + i];
+      K3_ASSERT(e >= 0 && e < E, "moe: expert index out of range");
+      check_expert(w1[e], F, n_in);
+      check_expert(w3[e], F, n_in);
+      check_expert(w2[e], n_in, F);
+      for (int64_t j = 0; j < F; ++j) {
+        double g = 0, up = 0;
+        const float* r1 = expert_row(w1[e], j, scratch.row.data());
+        for (int64_t c = 0; c < n_in; ++c) g += double(r1[c]) * zt[c];
+        const float* r3 = expert_row(w3[e], j, scratch.row.data());
+        for (int64_t c = 0; c < n_in; ++c) up += double(r3[c]) * zt[c];
+        act[j] = situ(g, up, b1, b2);
+      }
+      const double p = topk_w[t * k + i];
+      for (int64_t c = 0; c < n_in; ++c) {
+        const float* r2 = expert_row(w2[e], c, scratch.row.data());
+        double y = 0;
+        for (int64_t j = 0; j < F; ++j) y += double(r2[j]) * act[j];
+        acc[c] += p * y;
+      }
+    }
+    for (int64_t c = 0; c < n_in; ++c) u[t * n_in + c] = float(acc[c]);
+  }
+}
+
+}  // namespace k3

@@ -1,0 +1,15 @@
+// Dense SiTU-GLU feed-forward (layer 0 of K3, and the fused shared experts of every MoE
+// layer; K3_REFERENCE section 5): y = W_down SiTU(W_gate x, W_up x).
+#pragma once
+#include <cstdint>
+
+namespace k3 {
+
+// out [T, d] (assigned, or += if accumulate); gu [T, 2I] saved [W_gate x | W_up x];
+// act [T, I] saved SiTU output; x [T, d]; gate, up [I, d]; down [d, I]. b1, b2: SiTU caps.
+// Projections go through BLAS; instantiated for float and double.
+template <typename T>
+void dense_ffn_forward(T* out, T* gu, T* act, const T* x, const T* gate, const T* up, const T* down, int64_t Tn,
+                       int64_t d, int64_t I, double b1, double b2, bool accumulate = false);
+
+}  // namespace k3

@@ -1,0 +1,97 @@
+// Planner: parameter counts, weight bytes, decode-cache bytes, forward FLOPs per token and
+// an expert-parallel placement estimate, all computed from the parameter table
+// (model/param_specs.h) so that they can never drift from what the loader expects.
+// Used by `k3cpp plan`. K3_REFERENCE section 1 gives the figures a correct count
+// reproduces for the released config: about 2.78 T total, 104.2 B active per token.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "io/config.h"
+#include "model/param_specs.h"
+
+namespace k3 {
+
+struct ComponentCount {
+  int64_t tensors = 0;
+  int64_t total = 0;   // parameters
+  int64_t active = 0;  // parameters touched per token
+};
+
+struct ParamCounts {
+  std::array<ComponentCount, kNumComponents> by_component{};  // indexed by int(Component)
+  int64_t total = 0, active = 0, tensors = 0;
+  const ComponentCount& of(Component c) const { return by_component[size_t(c)]; }
+};
+
+// Active per token: routed experts count top-k of E in every MoE layer; the embedding is a
+// lookup and counts 0; every other tensor counts in full.
+ParamCounts count_params(const K3Config& c);
+
+// "bf16": every tensor bf16. "mxfp4": routed experts MXFP4 (4.25 bits per weight: packed
+// nibbles plus one E8M0 scale per 32), everything else bf16 (the released layout, section 1).
+enum class WeightStorage { BF16, MXFP4 };
+WeightStorage parse_weight_storage(const std::string& s);  // throws k3::Error on unknown names
+const char* weight_storage_name(WeightStorage s);
+
+struct WeightBytes {
+  uint64_t routed_experts = 0;  // all routed expert matrices
+  uint64_t other = 0;           // everything else
+  // False when some routed expert input width is not a multiple of 32: such a config cannot
+  // be stored in MXFP4 and the mxfp4 figure (rows rounded up to whole groups) is an estimate.
+  bool mxfp4_storable = true;
+  uint64_t total() const { return routed_experts + other; }
+};
+WeightBytes weight_bytes(const K3Config& c, WeightStorage s);
+
+// Decode cache for ONE sequence holding `context` tokens.
+//  KDA layer (independent of context): recurrent state H x D x D in f32, plus the short-conv
+//  state: the last K-1 inputs of q, k and v, 3 x (K-1) x H*D in f32.
+//  MLA layer: (kv_lora + rope) values per token in bf16 (the latent cache, section 4).
+//  Baseline: a standard multi-head KV cache with the MLA heads at EVERY layer, K = nope+rope
+//  and V = v per head, bf16: Hm x (nope + rope + v) x 2 bytes per token and layer.
+struct CacheBytes {
+  int64_t context = 0;
+  uint64_t kda_state_per_layer = 0, kda_conv_per_layer = 0;
+  uint64_t mla_per_token_per_layer = 0;
+  uint64_t kda_total = 0, mla_total = 0;
+  uint64_t total() const { return kda_total + mla_total; }
+  uint64_t mha_per_token_per_layer = 0;
+  uint64_t mha_total = 0;             // all layers standard MHA
+  double ratio_vs_mha = 0;            // mha_total / total()
+};
+CacheBytes decode_cache_bytes(const K3Config& c, int64_t context);
+
+// Forward FLOPs per token, averaged over a causal sequence of `context` tokens (a token
+// attends to context/2 keys on average):
+//  matmul   = 2 x (active parameters in rank-2 tensors, embedding excluded)
+//  conv     = 2 x K per channel of q, k, v in every KDA layer (3 x H*D channels)
+//  mla_attn = 2 x Hm x (qk + v) x context/2 per MLA layer (scores q.k and the weighted sum
+//             of v, qk = nope + rope)
+//  kda_state= 7 x H x D^2 per KDA layer (decay D^2, S^T k 2D^2, k u^T update 2D^2,
+//             S^T q 2D^2: the recurrent form of section 3)
+struct Flops {
+  double matmul = 0, conv = 0, mla_attn = 0, kda_state = 0;
+  double total() const { return matmul + conv + mla_attn + kda_state; }
+};
+Flops forward_flops_per_token(const K3Config& c, int64_t context);
+
+// Expert-parallel placement on `gpus` devices of `gpu_mem_gib` GiB each: routed experts of
+// every MoE layer split across devices (ceil(E / gpus) per device), everything else
+// replicated; attention is data-parallel, so each device holds the cache of
+// ceil(batch / gpus) sequences of `context` tokens. Weights and cache only (no activations).
+struct Placement {
+  int64_t gpus = 0;
+  double gpu_mem_gib = 0;
+  int64_t experts_per_device = 0, sequences_per_device = 0;
+  uint64_t replicated_bytes = 0, expert_bytes = 0, cache_bytes = 0;
+  uint64_t per_device_bytes() const { return replicated_bytes + expert_bytes + cache_bytes; }
+  uint64_t capacity_bytes() const;
+  bool fits() const { return per_device_bytes() <= capacity_bytes(); }
+};
+// Throws k3::Error for gpus <= 0, gpu_mem_gib <= 0, context <= 0 or batch <= 0.
+Placement place(const K3Config& c, WeightStorage s, int64_t gpus, double gpu_mem_gib, int64_t context,
+                int64_t batch);
+
+}  // namespace k3

@@ -1,0 +1,174 @@
+#include "train/data.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace k3 {
+
+namespace fs = std::filesystem;
+
+static std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail_system("cannot open corpus file", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// `bible` prints chapters as "Genesis 1" header lines after a blank line, then verses
+// indented by spaces and wrapped at COLUMNS; one document per chapter.
+static Corpus load_bible() {
+  FILE* p = popen("COLUMNS=80 bible 'Gen1:1-Rev22:21' 2>/dev/null", "r");
+  if (!p) fail_system("cannot run the bible program (install Debian's bible-kjv)", "bible");
+  std::string text;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) text.append(buf, n);
+  const int rc = pclose(p);
+  if (rc != 0 || text.size() < 1000000)
+    fail("corpus 'bible': the bible program failed or printed too little (install Debian's bible-kjv, or pass --data FILE)");
+  Corpus c;
+  c.source = "bible";
+  std::istringstream in(text);
+  std::string line, prev = "", doc;
+  while (std::getline(in, line)) {
+    const bool header = !line.empty() && line[0] != ' ' && prev.empty();
+    if (header && !doc.empty()) {
+      c.documents.push_back(doc);
+      doc.clear();
+    }
+    if (!line.empty()) doc += line + "\n";
+    prev = line;
+  }
+  if (!doc.empty()) c.documents.push_back(doc);
+  return c;
+}
+
+Corpus load_corpus(const std::string& spec) {
+  if (spec.empty() || spec == "bible") return load_bible();
+  Corpus c;
+  c.source = spec;
+  std::error_code ec;
+  if (fs::is_directory(spec, ec)) {
+    std::vector<std::string> files;
+    for (auto& e : fs::directory_iterator(spec))
+      if (e.is_regular_file()) files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+    for (auto& f : files) {
+      std::string t = read_file(f);
+      if (!t.empty()) c.documents.push_back(std::move(t));
+    }
+  } else if (fs::exists(spec, ec)) {
+    std::string t = read_file(spec);
+    size_t start = 0;
+    while (start < t.size()) {  // form feeds separate documents when present
+      size_t ff = t.find('\f', start);
+      if (ff == std::string::npos) ff = t.size();
+      if (ff > start) c.documents.push_back(t.substr(start, ff - start));
+      start = ff + 1;
+    }
+  } else {
+    fail_input(spec, "", "no such file or directory (corpus)");
+  }
+  if (c.documents.empty()) fail_input(spec, "", "corpus is empty");
+  return c;
+}
+
+CorpusSplit split_and_tokenize(const Corpus& c, const ByteTokenizer& tok, int64_t heldout_every) {
+  K3_ASSERT(heldout_every >= 2);
+  CorpusSplit s;
+  const int32_t bos = tok.bos(), eos = tok.eos();
+  const bool single = c.documents.size() == 1;
+  for (size_t d = 0; d < c.documents.size(); ++d) {
+    const bool held = !single && int64_t(d) % heldout_every == heldout_every / 2;
+    if (single) {
+      // One document: the held-out part is its last 1/heldout_every of bytes.
+      const std::string& t = c.documents[0];
+      const size_t cut = t.size() - t.size() / size_t(heldout_every);
+      for (int pass = 0; pass < 2; ++pass) {
+        auto& out = pass == 0 ? s.train : s.heldout;
+        out.push_back(bos);
+        for (size_t i = pass == 0 ? 0 : cut; i < (pass == 0 ? cut : t.size()); ++i) out.push_back(uint8_t(t[i]));
+        out.push_back(eos);
+      }
+      s.train_docs = s.heldout_docs = 1;
+      break;
+    }
+    auto& out = held ? s.heldout : s.train;
+    (held ? s.heldout_docs : s.train_docs)++;
+    out.push_back(bos);
+    for (auto ids = tok.encode(c.documents[d]); int32_t id : ids) out.push_back(id);
+    out.push_back(eos);
+  }
+  if (s.heldout.empty()) fail("corpus '" + c.source + "': too few documents for a held-out split");
+  return s;
+}
+
+double unigram_bits_per_byte(const CorpusSplit& s, int64_t vocab) {
+  std::vector<double> cnt(static_cast<size_t>(vocab), 1.0);  // add-one smoothing
+  double total = double(vocab);
+  for (int32_t t : s.train) { cnt[t] += 1; total += 1; }
+  double bits = 0;
+  int64_t n = 0;
+  for (int32_t t : s.heldout) {
+    if (t >= 256) continue;  // bytes only
+    bits -= std::log2(cnt[t] / total);
+    ++n;
+  }
+  return n ? bits / double(n) : 0.0;
+}
+
+SequenceStream::SequenceStream(const std::vector<int32_t>* tokens, int64_t seq_len, uint64_t seed)
+    : tokens_(tokens), seq_len_(seq_len), seed_(seed) {
+  build_perm();
+}
+
+void SequenceStream::build_perm() {
+  const int64_t n = (int64_t(tokens_->size()) - 1) / seq_len_;
+  if (n < 1)
+    fail("data: the training stream (" + std::to_string(tokens_->size()) + " tokens) is shorter than one sequence of " +
+         std::to_string(seq_len_ + 1) + " tokens");
+  perm_.resize(size_t(n));
+  for (int64_t i = 0; i < n; ++i) perm_[i] = i;
+  // Fisher-Yates with a splitmix64 stream keyed by (seed, epoch, seq_len): portable.
+  uint64_t st = seed_ * 0x9e3779b97f4a7c15ull + uint64_t(epoch_) * 0xbf58476d1ce4e5b9ull + uint64_t(seq_len_);
+  auto next = [&]() {
+    uint64_t z = (st += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  for (int64_t i = n - 1; i > 0; --i) std::swap(perm_[i], perm_[next() % uint64_t(i + 1)]);
+}
+
+void SequenceStream::set_seq_len(int64_t seq_len) {
+  if (seq_len == seq_len_) return;
+  seq_len_ = seq_len;
+  cursor_ = 0;
+  build_perm();
+}
+
+void SequenceStream::set_position(int64_t epoch, int64_t cursor) {
+  epoch_ = epoch;
+  build_perm();
+  if (cursor < 0 || cursor > int64_t(perm_.size())) fail("data: saved stream position is out of range for this corpus");
+  cursor_ = cursor;
+}
+
+void SequenceStream::next(int32_t* out) {
+  if (cursor_ >= int64_t(perm_.size())) {
+    ++epoch_;
+    cursor_ = 0;
+    build_perm();
+  }
+  const int64_t start = perm_[cursor_++] * seq_len_;
+  std::copy(tokens_->begin() + start, tokens_->begin() + start + seq_len_ + 1, out);
+}
+
+}  // namespace k3

@@ -1,0 +1,62 @@
+// Training data: a corpus of documents (the King James Bible from Debian's bible-kjv by
+// default, or any text file or directory), split into train and held-out documents, turned
+// into byte tokens with <|bos|>/<|eos|> around each document, and packed into fixed-length
+// sequences. The stream is deterministic given the seed, and its position is a pair of
+// integers (epoch, cursor), saved in training checkpoints so a resumed run continues on
+// exactly the same sequences.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/tokenizer.h"
+
+namespace k3 {
+
+struct Corpus {
+  std::string source;                  // "bible" or the path
+  std::vector<std::string> documents;  // in source order
+};
+
+// "bible" (default corpus; needs the `bible` program of Debian's bible-kjv: one document
+// per chapter) or a path: a file (documents separated by blank-line-separated form feeds or
+// one document when none) or a directory (every regular file, sorted by name, one document
+// each). k3::Error names the path on failure.
+Corpus load_corpus(const std::string& spec);
+
+struct CorpusSplit {
+  std::vector<int32_t> train, heldout;  // token streams: bos doc eos bos doc eos ...
+  int64_t train_docs = 0, heldout_docs = 0;
+};
+// Every `heldout_every`-th document (offset by half the period) goes to held-out.
+CorpusSplit split_and_tokenize(const Corpus& c, const ByteTokenizer& tok, int64_t heldout_every);
+
+// Unigram entropy of the held-out bytes under the train set's byte frequencies (add-one
+// smoothing), in bits per byte: the baseline a learning model must beat.
+double unigram_bits_per_byte(const CorpusSplit& s, int64_t vocab);
+
+// Packs a token stream into sequences of seq_len + 1 tokens (input and shifted target), in a
+// seeded shuffled order of start offsets per epoch. Sequence s of an epoch starts at
+// perm[s] * seq_len (the last window that fits is included).
+class SequenceStream {
+ public:
+  SequenceStream(const std::vector<int32_t>* tokens, int64_t seq_len, uint64_t seed);
+  void set_seq_len(int64_t seq_len);  // stage change: the cursor restarts at the next epoch boundary
+  // Writes seq_len + 1 tokens.
+  void next(int32_t* out);
+  int64_t epoch() const { return epoch_; }
+  int64_t cursor() const { return cursor_; }
+  void set_position(int64_t epoch, int64_t cursor);
+  int64_t seq_len() const { return seq_len_; }
+  int64_t sequences_per_epoch() const { return int64_t(perm_.size()); }
+
+ private:
+  void build_perm();
+  const std::vector<int32_t>* tokens_;
+  int64_t seq_len_;
+  uint64_t seed_;
+  int64_t epoch_ = 0, cursor_ = 0;
+  std::vector<int64_t> perm_;
+};
+
+}  // namespace k3
