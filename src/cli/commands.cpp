@@ -45,16 +45,16 @@ Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>&
         has_val = true;
       }
       if (is_in(flags, key)) {
-        if (has_val) fail(std::string("k3cpp ") + command_ + ": option --" + key + " takes no value");
+        if (has_val) fail("option --" + key + " takes no value");
         flags_[key] = true;
       } else if (is_in(options, key)) {
         if (!has_val) {
-          if (i + 1 >= argv.size()) fail(std::string("k3cpp ") + command_ + ": option --" + key + " needs a value");
+          if (i + 1 >= argv.size()) fail("option --" + key + " needs a value");
           val = argv[++i];
         }
         values_[key] = val;
       } else {
-        fail(std::string("k3cpp ") + command_ + ": unknown option --" + key);
+        fail("unknown option --" + key);
       }
     } else {
       positional_.push_back(a);
@@ -63,7 +63,7 @@ Args::Args(const std::vector<std::string>& argv, const std::vector<std::string>&
 }
 
 std::string Args::positional_at(size_t i, const char* what) const {
-  if (i >= positional_.size()) fail(std::string("k3cpp ") + command_ + ": missing argument <" + what + ">");
+  if (i >= positional_.size()) fail(std::string("missing argument <") + what + ">");
   return positional_[i];
 }
 
@@ -83,7 +83,7 @@ long long Args::get_int(const std::string& name, long long def) const {
   if (!v) return def;
   char* end = nullptr;
   long long r = std::strtoll(v->c_str(), &end, 10);
-  if (end == v->c_str() || *end) fail(std::string("k3cpp ") + command_ + ": --" + name + ": expected an integer, got '" + *v + "'");
+  if (end == v->c_str() || *end) fail("--" + name + ": expected an integer, got '" + *v + "'");
   return r;
 }
 
@@ -92,7 +92,7 @@ double Args::get_double(const std::string& name, double def) const {
   if (!v) return def;
   char* end = nullptr;
   double r = std::strtod(v->c_str(), &end);
-  if (end == v->c_str() || *end) fail(std::string("k3cpp ") + command_ + ": --" + name + ": expected a number, got '" + *v + "'");
+  if (end == v->c_str() || *end) fail("--" + name + ": expected a number, got '" + *v + "'");
   return r;
 }
 

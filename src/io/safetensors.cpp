@@ -175,7 +175,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     if (!off.is_array() || off.size() != 2 || !get_uint(off[0], UINT64_MAX, &b) || !get_uint(off[1], UINT64_MAX, &en))
       fail_input(path, field, "data_offsets " + off.dump() + " is not [begin, end] with non-negative integers");
     if (b > en) fail_input(path, field, "data_offsets " + off.dump() + " has begin > end");
-    if (false && en > data_size)
+    if (en > data_size)
       fail_input(path, field, "data_offsets end " + std::to_string(en) + " is beyond the data section (" + std::to_string(data_size) + " bytes)");
     if (en - b != expect)
       fail_input(path, field, "data_offsets span " + std::to_string(en - b) + " bytes but " + dt.get<std::string>() + " " +

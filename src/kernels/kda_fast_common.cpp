@@ -63,7 +63,7 @@ void Scratch::carve(const Geom& g) {
   const int64_t HA = std::max({2 * CK, CC, 32 * Kp}), HB = std::max({KV, 2 * CV, CK, CC}) + 2 * std::max(Kp, g.Dvp);
   size_t nf = 14 * CK + 4 * 2 * CK + 10 * CC + 4 * CV + 3 * KV;
   nf += 2 * CV + 2 * CV + TBn + 2 * C * C;  // P, G2, TB, dAA
-  nf += 32 * Kp + 3 * Kp + 32 * 16 + Kp + 2 * C + 64;  // Asc, f, El, dEl, Ct, vec, beta, dbeta, slack
+  nf += 32 * Kp + 3 * Kp + 32 * C + Kp + 2 * C + 64;  // Asc, f, El, dEl, Ct, vec, beta, dbeta, slack
   const size_t nh = HA + 2 * HB + (CK + 2 * Kp) + (2 * CK + 2 * Kp);
   // every buffer starts on a 64-byte boundary
   const size_t nbuf = 64;
@@ -82,7 +82,7 @@ void Scratch::carve(const Geom& g) {
   for (auto pp : cv) *pp = tf(CV);
   for (auto pp : kv) *pp = tf(KV);
   P = tf(2 * CV), G2 = tf(2 * CV), TB = tf(TBn), dAA = tf(2 * C * C);
-  Asc = tf(32 * Kp), f = tf(Kp), El = tf(Kp), dEl = tf(Kp), Ct = tf(32 * 16), vec = tf(Kp), beta = tf(C),
+  Asc = tf(32 * Kp), f = tf(Kp), El = tf(Kp), dEl = tf(Kp), Ct = tf(32 * C), vec = tf(Kp), beta = tf(C),
   dbeta = tf(C);
   ha = th(HA), hb1 = th(HB), hb2 = th(HB), hY = th(CK + 2 * Kp), hXQ = th(2 * CK + 2 * Kp);
   K3_ASSERT(size_t(p - mem.as<char>()) <= mem.bytes(), "kda fast: scratch carve overflow");
@@ -95,9 +95,10 @@ void Scratch::carve(const Geom& g) {
 static inline __m512 exp512(__m512 x) {
   // e^x = 2^n e^r, n = round(x log2 e), |r| <= ln2/2; degree-7 Taylor for e^r (error < 1 ulp).
   const __m512 under = _mm512_set1_ps(-88.0f);
-  x = _mm512_min_ps(_mm512_set1_ps(89.0f), x);  // keeps NaN; > 88.72 overflows to inf below
+  // (maskz forms: GCC 12 warns about the undefined pass-through of the plain intrinsics)
+  x = _mm512_maskz_min_ps(0xffff, _mm512_set1_ps(89.0f), x);  // keeps NaN; > 88.72 overflows below
   const __mmask16 keep = _mm512_cmp_ps_mask(x, under, _CMP_GE_OQ) | _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  const __m512 n = _mm512_maskz_roundscale_ps(0xffff, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
@@ -129,6 +130,29 @@ void vexp(float* dst, const float* src, int64_t n) {
 // ---------------------------------------------------------------------------------------
 // chunk preparation
 
+namespace {
+
+// One gathered row: Q = sc q, K = k, G = Gp + g (Gp null: first row), zero padding to Kp.
+inline void gather_row(float* __restrict Qi, float* __restrict Ki, float* __restrict Gi, const float* __restrict Gp,
+                       const float* __restrict qi, const float* __restrict ki, const float* __restrict gi, float sc,
+                       int64_t Dk, int64_t Kp) {
+#pragma omp simd
+  for (int64_t c = 0; c < Dk; ++c) {
+    Qi[c] = sc * qi[c];
+    Ki[c] = ki[c];
+  }
+  if (Gp) {
+#pragma omp simd
+    for (int64_t c = 0; c < Dk; ++c) Gi[c] = Gp[c] + gi[c];
+  } else {
+#pragma omp simd
+    for (int64_t c = 0; c < Dk; ++c) Gi[c] = gi[c];
+  }
+  for (int64_t c = Dk; c < Kp; ++c) Qi[c] = Ki[c] = Gi[c] = 0.f;
+}
+
+}  // namespace
+
 void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, const float* v, const float* g,
                 const float* beta, int64_t h, int64_t t0, int64_t n, bool need_v) {
   const int64_t C = gm.C, Dk = gm.Dk, Dv = gm.Dv, Kp = gm.Dkp, Vp = gm.Dvp, H = gm.H;
@@ -138,13 +162,8 @@ void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, cons
     float *Qi = s.Q + i * Kp, *Ki = s.K + i * Kp, *Gi = s.G + i * Kp;
     const float* Gp = i ? Gi - Kp : nullptr;
     if (i < n) {
-      const float *qi = q + (t0 + i) * ldk + h * Dk, *ki = k + (t0 + i) * ldk + h * Dk,
-                  *gi = g + (t0 + i) * ldk + h * Dk;
-      for (int64_t c = 0; c < Dk; ++c) {
-        Qi[c] = sc * qi[c];
-        Ki[c] = ki[c];
-        Gi[c] = Gp ? Gp[c] + gi[c] : gi[c];
-      }
+      const float* gi = g + (t0 + i) * ldk + h * Dk;
+      gather_row(Qi, Ki, Gi, Gp, q + (t0 + i) * ldk + h * Dk, k + (t0 + i) * ldk + h * Dk, gi, sc, Dk, Kp);
       if (!gm.dense) {  // e^g per token for the Safe diagonal tiles (padding: e^0)
         vexp(s.Ga + i * Kp, gi, Dk);
         for (int64_t c = Dk; c < Kp; ++c) s.Ga[i * Kp + c] = 1.f;
@@ -156,14 +175,16 @@ void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, cons
       }
       s.beta[i] = beta[(t0 + i) * H + h];
     } else {
-      std::fill(Qi, Qi + Dk, 0.f);
-      std::fill(Ki, Ki + Dk, 0.f);
-      for (int64_t c = 0; c < Dk; ++c) Gi[c] = Gp ? Gp[c] : 0.f;
+      std::fill(Qi, Qi + Kp, 0.f);
+      std::fill(Ki, Ki + Kp, 0.f);
+      if (Gp)
+        std::memcpy(Gi, Gp, size_t(Kp) * 4);
+      else
+        std::fill(Gi, Gi + Kp, 0.f);
       if (!gm.dense) std::fill(s.Ga + i * Kp, s.Ga + (i + 1) * Kp, 1.f);
       if (need_v) std::fill(s.V + i * Vp, s.V + (i + 1) * Vp, 0.f);
       s.beta[i] = 0.f;
     }
-    for (int64_t c = Dk; c < Kp; ++c) Qi[c] = Ki[c] = Gi[c] = 0.f;
   }
   const float* Gl = s.G + (C - 1) * Kp;
   vexp(s.El, Gl, Kp);
@@ -251,30 +272,83 @@ void intra_chunk(const Geom& gm, Scratch& s) {
   const int64_t C = gm.C, Kp = gm.Dkp;
   std::memset(s.Akk, 0, size_t(C * C) * 4);
   std::memset(s.Aqk, 0, size_t(C * C) * 4);
-  // B = Y^T (Dkp x C), shared by every tile of a block column.
-  const BOp yt = b_op(gm.bf16, s.Y, Kp, /*trans=*/true, Kp, C, s.hb2, s.YT);
-  for (int64_t I = 0; I < gm.NB; ++I)
-    for (int64_t J = 0; J <= I; ++J) {
-      if (J == I && !gm.dense) {
-        diag_tile_safe(gm, s, I);
-        continue;
+  for (int64_t I = 0; I < gm.NB; ++I) {
+    // Row block I: [Akk_I,0..J ; Aqk_I,0..J] = [X_I ; Qx_I] [Y_0 f_I0 | ... | Y_J f_IJ]^T, with
+    // f_II = 1 (Dense: the diagonal tile goes through the same product) and J = I - 1 (Safe).
+    const int64_t nJ = gm.dense ? I + 1 : I;
+    if (nJ > 0) {
+      BOp b;
+      for (int64_t J = 0; J < nJ; ++J) {
+        const float* f = nullptr;
+        if (J < I) {
+          tile_factor(gm, s, I, J, s.f);
+          f = s.f;
+        }
+        if (gm.bf16)
+          pack_vnni_t(s.hb2 + 2 * J * kTile, C, s.Y + J * kTile * Kp, Kp, Kp, kTile, f);
+        else
+          transpose_f32(s.YT + J * kTile, C, s.Y + J * kTile * Kp, Kp, kTile, Kp, f);
       }
-      const float* f = nullptr;
-      if (J < I) tile_factor(gm, s, I, J, f = s.f);
-      // [Akk_IJ ; Aqk_IJ] = ([X_I ; Qx_I] diag(f)) Y_J^T
-      const AOp a = a_op(gm.bf16, s.XQ + I * 2 * kTile * Kp, Kp, false, 2 * kTile, Kp, s.ha, f, s.Asc);
-      mm(s.Ct, kTile, a, b_sub(yt, 0, J * kTile), 2 * kTile, kTile, Kp, 1.f, false);
+      if (gm.bf16)
+        b.h = s.hb2, b.ldh = C;
+      else
+        b.f = s.YT, b.ldb = C;
+      const AOp a = a_op(gm.bf16, s.XQ + I * 2 * kTile * Kp, Kp, false, 2 * kTile, Kp, s.ha);
+      mm(s.Ct, C, a, b, 2 * kTile, nJ * kTile, Kp, 1.f, false);
       for (int64_t r = 0; r < kTile; ++r) {
         const int64_t i = I * kTile + r;
-        const int64_t nk = J < I ? kTile : r, nq = J < I ? kTile : r + 1;  // masks on the diagonal
-        std::memcpy(s.Akk + i * C + J * kTile, s.Ct + r * kTile, size_t(nk) * 4);
-        std::memcpy(s.Aqk + i * C + J * kTile, s.Ct + (kTile + r) * kTile, size_t(nq) * 4);
+        const int64_t nk = gm.dense ? i : I * kTile, nq = gm.dense ? i + 1 : I * kTile;  // causal masks
+        const float *ck = s.Ct + r * C, *cq = s.Ct + (kTile + r) * C;
+        float *ak = s.Akk + i * C, *aq = s.Aqk + i * C;
+        for (int64_t j = 0; j < nk; ++j) ak[j] = ck[j];
+        for (int64_t j = 0; j < nq; ++j) aq[j] = cq[j];
       }
     }
+    if (!gm.dense) diag_tile_safe(gm, s, I);
+  }
 }
+
+namespace {
+
+#if defined(__AVX512F__)
+// Forward substitution with row i of Linv held in NV zmm registers (C = 16 NV columns).
+template <int NV>
+void ut_rows(float* Linv, const float* Akk, const float* beta, int64_t C) {
+  for (int64_t i = 0; i < C; ++i) {
+    __m512 row[NV];
+    for (int w = 0; w < NV; ++w) row[w] = _mm512_setzero_ps();
+    const float bi = -beta[i];
+    // row_i = e_i - beta_i sum_{j<i} Akk[i,j] row_j; row_j is zero beyond column j, so only
+    // its first j/16 + 1 vectors are read.
+    for (int64_t j = 0; j < i; ++j) {
+      const __m512 c = _mm512_set1_ps(bi * Akk[i * C + j]);
+      const float* rj = Linv + j * C;
+      const int wmax = int(j / 16);
+      for (int w = 0; w < NV; ++w)
+        if (w <= wmax) row[w] = _mm512_fmadd_ps(c, _mm512_loadu_ps(rj + 16 * w), row[w]);
+    }
+    for (int w = 0; w < NV; ++w) _mm512_storeu_ps(Linv + i * C + 16 * w, row[w]);
+    Linv[i * C + i] = 1.f;
+  }
+}
+#endif
+
+}  // namespace
 
 void ut_transform(const Geom& gm, Scratch& s) {
   const int64_t C = gm.C;
+#if defined(__AVX512F__)
+  switch (C / 16) {
+    case 1: ut_rows<1>(s.Linv, s.Akk, s.beta, C); break;
+    case 2: ut_rows<2>(s.Linv, s.Akk, s.beta, C); break;
+    case 3: ut_rows<3>(s.Linv, s.Akk, s.beta, C); break;
+    case 4: ut_rows<4>(s.Linv, s.Akk, s.beta, C); break;
+    case 5: ut_rows<5>(s.Linv, s.Akk, s.beta, C); break;
+    case 6: ut_rows<6>(s.Linv, s.Akk, s.beta, C); break;
+    case 7: ut_rows<7>(s.Linv, s.Akk, s.beta, C); break;
+    default: ut_rows<8>(s.Linv, s.Akk, s.beta, C); break;
+  }
+#else
   std::memset(s.Linv, 0, size_t(C * C) * 4);
   for (int64_t i = 0; i < C; ++i) {
     float* row = s.Linv + i * C;
@@ -284,10 +358,10 @@ void ut_transform(const Geom& gm, Scratch& s) {
     for (int64_t j = 0; j < i; ++j) {
       const float c = -bi * s.Akk[i * C + j];
       const float* rj = s.Linv + j * C;
-#pragma omp simd
       for (int64_t m = 0; m <= j; ++m) row[m] += c * rj[m];
     }
   }
+#endif
   for (int64_t i = 0; i < C; ++i)
 #pragma omp simd
     for (int64_t m = 0; m < C; ++m) s.Tm[i * C + m] = s.Linv[i * C + m] * s.beta[m];

@@ -140,9 +140,18 @@ inline BOp b_sub(const BOp& b, int64_t k0, int64_t n0) {
 void mm(float* C, int64_t ldc, const AOp& a, const BOp& b, int64_t M, int64_t N, int64_t K, float alpha,
         bool accumulate, Tri tri = Tri::None, const float* colscale = nullptr);
 
-// Forward over all chunks of head h; o may be null (state pass only); save: store the
-// per-chunk state, R, V' into ws.
-void forward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* o, float* state, const float* q,
-                  const float* k, const float* v, const float* g, const float* beta, int64_t h, bool save);
+// Forward over all chunks of head h; o may be null (state pass only); state_in (initial,
+// null = zero) and state_out (final, may be null) are [H, Dk, Dv] and may alias; save: store
+// the per-chunk state, R, V' into ws.
+void forward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* o, const float* state_in,
+                  float* state_out, const float* q, const float* k, const float* v, const float* g,
+                  const float* beta, int64_t h, bool save);
+// A sub-operand starting at row i0 of A (non-transposed).
+inline AOp a_rows(const AOp& a, int64_t i0) {
+  AOp r = a;
+  if (a.f) r.f = a.f + i0 * a.lda;
+  if (a.h) r.h = a.h + i0 * a.ldh;
+  return r;
+}
 
 }  // namespace k3::kda_fast

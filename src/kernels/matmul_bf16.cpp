@@ -59,18 +59,6 @@ void mm_bf16_ref(float* C, int64_t ldc, const uint16_t* A, int64_t lda, const ui
   }
 }
 
-void transpose_f32(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols) {
-  // 16x16 blocks keep both sides' cache lines live; the compiler vectorises the gathers poorly
-  // but these transposes are a few percent of a chunk's work.
-  constexpr int64_t B = 16;
-  for (int64_t r0 = 0; r0 < rows; r0 += B)
-    for (int64_t c0 = 0; c0 < cols; c0 += B) {
-      const int64_t r1 = std::min(rows, r0 + B), c1 = std::min(cols, c0 + B);
-      for (int64_t c = c0; c < c1; ++c)
-        for (int64_t r = r0; r < r1; ++r) dst[c * ldd + r] = src[r * lds + c];
-    }
-}
-
 #if defined(__AVX512F__)
 
 namespace {
@@ -179,7 +167,7 @@ void ukr_bf16(int64_t kk0, int64_t kk1, const uint16_t* A, int64_t lda, const ui
 
 using UkrBf16 = void (*)(int64_t, int64_t, const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t, float,
                          bool, const float*);
-constexpr int kMrBf = 4, kNvBf = 4;
+constexpr int kMrBf = 8, kNvBf = 4;  // MR 8 for up to 2 column vectors, 4 beyond
 
 struct TableBf16 {
   UkrBf16 f[kMrBf][kNvBf];
@@ -187,8 +175,9 @@ struct TableBf16 {
 template <int... R>
 constexpr TableBf16 bf16_table(std::integer_sequence<int, R...>) {
   TableBf16 t{};
-  ((t.f[R][0] = &ukr_bf16<R + 1, 1>, t.f[R][1] = &ukr_bf16<R + 1, 2>, t.f[R][2] = &ukr_bf16<R + 1, 3>,
-    t.f[R][3] = &ukr_bf16<R + 1, 4>),
+  ((t.f[R][0] = &ukr_bf16<R + 1, 1>, t.f[R][1] = &ukr_bf16<R + 1, 2>,
+    t.f[R][2] = R < 4 ? &ukr_bf16<(R < 4 ? R + 1 : 1), 3> : nullptr,
+    t.f[R][3] = R < 4 ? &ukr_bf16<(R < 4 ? R + 1 : 1), 4> : nullptr),
    ...);
   return t;
 }
@@ -203,9 +192,10 @@ void mm_bf16(float* C, int64_t ldc, const uint16_t* A, int64_t lda, const uint16
   K3_ASSERT(N % 16 == 0 && K % 2 == 0 && lda % 2 == 0, "mm_bf16: N must be a multiple of 16, K and lda even");
   for (int64_t n0 = 0; n0 < N; n0 += 16 * kNvBf) {
     const int64_t nv = std::min<int64_t>(kNvBf, (N - n0) / 16);
+    const int64_t mrmax = nv <= 2 ? 8 : 4;  // 16 accumulators either way
     const float* cs = colscale ? colscale + n0 : nullptr;
-    for (int64_t i0 = 0; i0 < M; i0 += kMrBf) {
-      const int64_t mr = std::min<int64_t>(kMrBf, M - i0);
+    for (int64_t i0 = 0; i0 < M; i0 += mrmax) {
+      const int64_t mr = std::min<int64_t>(mrmax, M - i0);
       int64_t k0, k1;
       tri_range(tri, i0, mr, K, &k0, &k1);
       const int64_t kk0 = k0 / 2, kk1 = std::max(kk0, (k1 + 1) / 2);
@@ -275,30 +265,170 @@ void pack_vnni(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_
 
 #endif
 
-void to_bf16_t(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols) {
-  constexpr int64_t B = 16;
-  for (int64_t r0 = 0; r0 < rows; r0 += B)
-    for (int64_t c0 = 0; c0 < cols; c0 += B) {
-      const int64_t r1 = std::min(rows, r0 + B), c1 = std::min(cols, c0 + B);
-      for (int64_t c = c0; c < c1; ++c)
-        for (int64_t r = r0; r < r1; ++r) dst[c * ldd + r] = f32_to_bf16(src[r * lds + c]);
+// ---------------------------------------------------------------------------------------
+// transposes: plain loops, then 16 x 16 blocks through a register transpose network
+
+void transpose_f32_ref(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols,
+                       const float* colscale) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = colscale ? src[r * lds + c] * colscale[c] : src[r * lds + c];
+}
+
+void to_bf16_t_ref(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r] = f32_to_bf16(src[r * lds + c]);
+}
+
+void pack_vnni_t_ref(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t K, int64_t N,
+                     const float* kscale) {
+  for (int64_t kk = 0; kk < (K + 1) / 2; ++kk)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t p = 0; p < 2; ++p) {
+        const int64_t k = 2 * kk + p;
+        const float x = k < K ? (kscale ? src[n * lds + k] * kscale[k] : src[n * lds + k]) : 0.f;
+        dst[kk * 2 * ldd + 2 * n + p] = f32_to_bf16(x);
+      }
+}
+
+#if defined(__AVX512F__)
+
+namespace {
+
+// In-register transpose of a 16 x 16 matrix of 32-bit words (row i in r[i]).
+inline void tr16x16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_maskz_unpacklo_epi32(0xffff, r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_maskz_unpackhi_epi32(0xffff, r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i + 0] = _mm512_maskz_unpacklo_epi64(0xff, t[4 * i + 0], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_maskz_unpackhi_epi64(0xff, t[4 * i + 0], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_maskz_unpacklo_epi64(0xff, t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_maskz_unpackhi_epi64(0xff, t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
     }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
+  }
+}
+
+}  // namespace
+
+void transpose_f32(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols,
+                   const float* colscale) {
+  const int64_t R = rows / 16 * 16, Cc = cols / 16 * 16;
+  for (int64_t r0 = 0; r0 < R; r0 += 16)
+    for (int64_t c0 = 0; c0 < Cc; c0 += 16) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + (r0 + i) * lds + c0);
+      tr16x16(r);
+      for (int j = 0; j < 16; ++j) {
+        __m512 x = (__m512)r[j];
+        if (colscale) x = _mm512_mul_ps(x, _mm512_set1_ps(colscale[c0 + j]));
+        _mm512_storeu_ps(dst + (c0 + j) * ldd + r0, x);
+      }
+    }
+  // ragged edges
+  if (Cc < cols) transpose_f32_ref(dst + Cc * ldd, ldd, src + Cc, lds, rows, cols - Cc, colscale ? colscale + Cc : nullptr);
+  if (R < rows) transpose_f32_ref(dst + R, ldd, src + R * lds, lds, rows - R, Cc, colscale);
+}
+
+#else
+
+void transpose_f32(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols,
+                   const float* colscale) {
+  transpose_f32_ref(dst, ldd, src, lds, rows, cols, colscale);
+}
+
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+
+namespace {
+// bf16 of lo (first 16) and hi (next 16) in natural order: word w = (x[2w], x[2w+1]).
+inline __m512i cvt_pairs(__m512 lo, __m512 hi) { return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); }
+}  // namespace
+
+void to_bf16_t(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols) {
+  // word (c, w) of dst = (src[2w][c], src[2w+1][c]): interleave two source rows, then transpose
+  // 16 x 16 words.
+  alignas(64) static const uint16_t kIdx[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  if (ldd % 2) return to_bf16_t_ref(dst, ldd, src, lds, rows, cols);
+  const __m512i idx = _mm512_load_si512(kIdx);
+  const int64_t R = rows / 32 * 32, Cc = cols / 16 * 16;
+  uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+  const int64_t ldw = ldd / 2;
+  for (int64_t r0 = 0; r0 < R; r0 += 32)
+    for (int64_t c0 = 0; c0 < Cc; c0 += 16) {
+      __m512i r[16];
+      for (int w = 0; w < 16; ++w) {
+        const float* lo = src + (r0 + 2 * w) * lds + c0;
+        r[w] = _mm512_permutexvar_epi16(idx, cvt_pairs(_mm512_loadu_ps(lo), _mm512_loadu_ps(lo + lds)));
+      }
+      tr16x16(r);
+      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(d + (c0 + j) * ldw + r0 / 2, r[j]);
+    }
+  if (Cc < cols) to_bf16_t_ref(dst + Cc * ldd, ldd, src + Cc, lds, rows, cols - Cc);
+  if (R < rows) to_bf16_t_ref(dst + R, ldd, src + R * lds, lds, rows - R, Cc);
 }
 
 void pack_vnni_t(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t K, int64_t N,
                  const float* kscale) {
-  // Pair (k, k+1) of column n is contiguous in the source row n: convert it into one 32-bit
-  // word and transpose words: word (kk, n) of the packed matrix.
+  // word (kk, n) = (B(2kk, n), B(2kk+1, n)) is contiguous in source row n: convert 32 values of
+  // 16 rows into 16 x 16 words, transpose.
+  const int64_t KK = K / 32 * 32, NN = N / 16 * 16;
   uint32_t* d = reinterpret_cast<uint32_t*>(dst);
-  for (int64_t n = 0; n < N; ++n) {
-    const float* s = src + n * lds;
-    for (int64_t kk = 0; kk < (K + 1) / 2; ++kk) {
-      const int64_t k = 2 * kk;
-      const float lo = kscale ? s[k] * kscale[k] : s[k];
-      const float hi = k + 1 < K ? (kscale ? s[k + 1] * kscale[k + 1] : s[k + 1]) : 0.f;
-      d[kk * ldd + n] = uint32_t(f32_to_bf16(lo)) | (uint32_t(f32_to_bf16(hi)) << 16);
+  for (int64_t k0 = 0; k0 < KK; k0 += 32)
+    for (int64_t n0 = 0; n0 < NN; n0 += 16) {
+      __m512i r[16];
+      __m512 s0 = _mm512_set1_ps(1.f), s1 = s0;
+      if (kscale) s0 = _mm512_loadu_ps(kscale + k0), s1 = _mm512_loadu_ps(kscale + k0 + 16);
+      for (int i = 0; i < 16; ++i) {
+        const float* row = src + (n0 + i) * lds + k0;
+        r[i] = cvt_pairs(_mm512_mul_ps(_mm512_loadu_ps(row), s0), _mm512_mul_ps(_mm512_loadu_ps(row + 16), s1));
+      }
+      tr16x16(r);
+      for (int w = 0; w < 16; ++w) _mm512_storeu_si512(d + (k0 / 2 + w) * ldd + n0, r[w]);
     }
+  if (NN < N) {
+    // columns NN..N of every pair-row
+    for (int64_t kk = 0; kk < (K + 1) / 2; ++kk)
+      for (int64_t n = NN; n < N; ++n)
+        for (int64_t p = 0; p < 2; ++p) {
+          const int64_t k = 2 * kk + p;
+          const float x = k < K ? (kscale ? src[n * lds + k] * kscale[k] : src[n * lds + k]) : 0.f;
+          dst[kk * 2 * ldd + 2 * n + p] = f32_to_bf16(x);
+        }
+  }
+  if (KK < K) {
+    // pair-rows KK/2.. for columns 0..NN
+    for (int64_t kk = KK / 2; kk < (K + 1) / 2; ++kk)
+      for (int64_t n = 0; n < NN; ++n)
+        for (int64_t p = 0; p < 2; ++p) {
+          const int64_t k = 2 * kk + p;
+          const float x = k < K ? (kscale ? src[n * lds + k] * kscale[k] : src[n * lds + k]) : 0.f;
+          dst[kk * 2 * ldd + 2 * n + p] = f32_to_bf16(x);
+        }
   }
 }
+
+#else
+
+void to_bf16_t(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols) {
+  to_bf16_t_ref(dst, ldd, src, lds, rows, cols);
+}
+void pack_vnni_t(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t K, int64_t N,
+                 const float* kscale) {
+  pack_vnni_t_ref(dst, ldd, src, lds, K, N, kscale);
+}
+
+#endif
 
 }  // namespace k3

@@ -45,12 +45,21 @@ void to_bf16_t(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_
 // B operand from a k-major source, B(k, n) = src[k*lds + n]: VNNI layout above with ldb = ldd;
 // writes ceil(K/2) pair-rows (a zero pad row when K is odd).
 void pack_vnni(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t K, int64_t N);
+// The same from a 16 x 16 block transpose network where AVX-512 is present; the *_ref
+// versions below are the plain loops (tests compare).
 // B operand from an n-major source, B(k, n) = src[n*lds + k] * kscale[k] (kscale may be null).
 void pack_vnni_t(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t K, int64_t N,
                  const float* kscale = nullptr);
 
-// Plain f32 transpose: dst[c*ldd + r] = src[r*lds + c].
-void transpose_f32(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols);
+// f32 transpose: dst[c*ldd + r] = src[r*lds + c] * colscale[c] (colscale may be null).
+void transpose_f32(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols,
+                   const float* colscale = nullptr);
+
+void to_bf16_t_ref(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols);
+void pack_vnni_t_ref(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t K, int64_t N,
+                     const float* kscale = nullptr);
+void transpose_f32_ref(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols,
+                       const float* colscale = nullptr);
 
 // Whether mm_bf16 runs on AVX512-BF16 instructions in this build.
 bool mm_bf16_native();

@@ -1,8 +1,10 @@
-// KDA mixer wiring (see kda_mixer.h; K3_REFERENCE section 3). Composes kernels/ ops; all
-// buffers come from KDAScratch.
+// KDA mixer forward wiring (see kda_mixer.h; K3_REFERENCE section 3). Composes kernels/ ops;
+// all buffers come from KDAScratchT, or from KDASavedT for the quantities a backward needs.
 #include "model/kda_mixer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "core/error.h"
 #include "kernels/activations.h"
@@ -15,23 +17,33 @@
 namespace k3 {
 
 namespace {
-constexpr double kL2Eps = 1e-6;  // q, k L2Norm eps (K3_REFERENCE section 3)
-constexpr int64_t kChunk = 64;
-
-void grow(std::vector<float>& v, int64_t n) {
+template <typename R>
+void grow(std::vector<R>& v, int64_t n) {
   if (int64_t(v.size()) < n) v.resize(size_t(n));
 }
 }  // namespace
 
-void KDAState::reset(const KDADims& dims) {
-  const int64_t HD = dims.H * dims.D, P = dims.conv_k - 1;
-  S.assign(size_t(dims.H * dims.D * dims.D), 0.0f);
-  conv_q.assign(size_t(HD * P), 0.0f);
-  conv_k.assign(size_t(HD * P), 0.0f);
-  conv_v.assign(size_t(HD * P), 0.0f);
+KDAFastOptions kda_mixer_fast_options(const KDADims& dims, bool save) {
+  KDAFastOptions opt;
+  opt.chunk = kKdaMixerChunk;
+  // The Dense diagonal tiles are safe for g >= -5 (kda_fast.h); a lower floor or the
+  // unbounded gate takes the Safe path.
+  opt.gate_bounded = dims.bounded && dims.lower_bound >= -5.0;
+  opt.save_for_backward = save;
+  return opt;
 }
 
-void KDAScratch::ensure(int64_t T, const KDADims& dims) {
+template <typename R>
+void KDAStateT<R>::reset(const KDADims& dims) {
+  const int64_t HD = dims.H * dims.D, P = dims.conv_k - 1;
+  S.assign(size_t(dims.H * dims.D * dims.D), R(0));
+  conv_q.assign(size_t(HD * P), R(0));
+  conv_k.assign(size_t(HD * P), R(0));
+  conv_v.assign(size_t(HD * P), R(0));
+}
+
+template <typename R>
+void KDAScratchT<R>::ensure(int64_t T, const KDADims& dims) {
   const int64_t HD = dims.H * dims.D;
   for (auto* b : {&q_lin, &k_lin, &v_lin, &q_pre, &k_pre, &v_pre, &q_act, &k_act, &v, &q, &k, &z, &g, &o,
                   &o_normed, &gate_lin, &y})
@@ -40,56 +52,135 @@ void KDAScratch::ensure(int64_t T, const KDADims& dims) {
   grow(fa, T * dims.D);
 }
 
-void kda_mixer_forward(float* out, KDAState& state, const float* x, const KDAWeights& w, const KDADims& dims,
-                       int64_t T, KDAPath path, KDAScratch& s) {
+template <typename R>
+void KDAScratchT<R>::ensure_backward(int64_t T, const KDADims& dims) {
+  const int64_t HD = dims.H * dims.D;
+  for (auto* b : {&q_act, &o_normed, &y, &dy, &dgate, &d_o, &dq, &dk, &dv, &dg, &dact, &dlin}) grow(*b, T * HD);
+  grow(dbeta, T * dims.H);
+  grow(dfa, T * dims.D);
+}
+
+template <typename R>
+void KDASavedT<R>::ensure(int64_t T, const KDADims& dims) {
+  const int64_t HD = dims.H * dims.D, P = dims.conv_k - 1;
+  grow(x, T * dims.d);
+  grow(S0, dims.H * dims.D * dims.D);
+  for (auto* b : {&conv_q0, &conv_k0, &conv_v0}) grow(*b, HD * P);
+  for (auto* b : {&q_lin, &k_lin, &v_lin, &q_pre, &k_pre, &v_pre, &q, &k, &v, &z, &g, &o, &gate_lin})
+    grow(*b, T * HD);
+  for (auto* b : {&q_inv, &k_inv, &beta, &o_rstd}) grow(*b, T * dims.H);
+  grow(fa, T * dims.D);
+}
+
+template <typename R>
+void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeightsT<R>& w, const KDADims& dims,
+                       int64_t T, KDAPath path, KDAScratchT<R>& s, KDASavedT<R>* saved) {
   const int64_t d = dims.d, H = dims.H, D = dims.D, HD = H * D, K = dims.conv_k;
   K3_ASSERT(K >= 1 && H >= 1 && D >= 1 && d >= 1, "kda_mixer_forward: bad dims");
   K3_ASSERT(int64_t(state.S.size()) == H * D * D && int64_t(state.conv_q.size()) == HD * (K - 1) &&
                 int64_t(state.conv_k.size()) == HD * (K - 1) && int64_t(state.conv_v.size()) == HD * (K - 1),
             "kda_mixer_forward: state not sized for these dims (call KDAState::reset)");
+  if (saved) {
+    saved->T = T;
+    saved->path = path;
+  }
   if (T == 0) return;
   s.ensure(T, dims);
 
+  // Saved quantities go to `saved` when given, else to the scratch.
+  auto pick = [&](std::vector<R>& scratch_buf, std::vector<R>* saved_buf) {
+    return saved ? saved_buf->data() : scratch_buf.data();
+  };
+  if (saved) {
+    saved->ensure(T, dims);
+    std::copy(x, x + T * d, saved->x.begin());
+    std::copy(state.S.begin(), state.S.end(), saved->S0.begin());
+    std::copy(state.conv_q.begin(), state.conv_q.end(), saved->conv_q0.begin());
+    std::copy(state.conv_k.begin(), state.conv_k.end(), saved->conv_k0.begin());
+    std::copy(state.conv_v.begin(), state.conv_v.end(), saved->conv_v0.begin());
+  }
+  KDASavedT<R>* sv = saved;
+  R* q_lin = pick(s.q_lin, sv ? &sv->q_lin : nullptr);
+  R* k_lin = pick(s.k_lin, sv ? &sv->k_lin : nullptr);
+  R* v_lin = pick(s.v_lin, sv ? &sv->v_lin : nullptr);
+  R* q_pre = pick(s.q_pre, sv ? &sv->q_pre : nullptr);
+  R* k_pre = pick(s.k_pre, sv ? &sv->k_pre : nullptr);
+  R* v_pre = pick(s.v_pre, sv ? &sv->v_pre : nullptr);
+  R* q = pick(s.q, sv ? &sv->q : nullptr);
+  R* k = pick(s.k, sv ? &sv->k : nullptr);
+  R* q_inv = pick(s.q_inv, sv ? &sv->q_inv : nullptr);
+  R* k_inv = pick(s.k_inv, sv ? &sv->k_inv : nullptr);
+  R* v = pick(s.v, sv ? &sv->v : nullptr);
+  R* beta = pick(s.beta, sv ? &sv->beta : nullptr);
+  R* fa = pick(s.fa, sv ? &sv->fa : nullptr);
+  R* z = pick(s.z, sv ? &sv->z : nullptr);
+  R* g = pick(s.g, sv ? &sv->g : nullptr);
+  R* o = pick(s.o, sv ? &sv->o : nullptr);
+  R* o_rstd = pick(s.o_rstd, sv ? &sv->o_rstd : nullptr);
+  R* gate_lin = pick(s.gate_lin, sv ? &sv->gate_lin : nullptr);
+
   // q, k, v = ShortConv_SiLU(W x), conv state carried.
-  linear(s.q_lin.data(), x, w.q_proj, T, d, HD);
-  linear(s.k_lin.data(), x, w.k_proj, T, d, HD);
-  linear(s.v_lin.data(), x, w.v_proj, T, d, HD);
-  shortconv_silu_forward<float>(s.q_act.data(), s.q_pre.data(), state.conv_q.data(), s.q_lin.data(), w.q_conv, T,
-                                HD, K);
-  shortconv_silu_forward<float>(s.k_act.data(), s.k_pre.data(), state.conv_k.data(), s.k_lin.data(), w.k_conv, T,
-                                HD, K);
-  shortconv_silu_forward<float>(s.v.data(), s.v_pre.data(), state.conv_v.data(), s.v_lin.data(), w.v_conv, T, HD,
-                                K);
+  linear(q_lin, x, w.q_proj, T, d, HD);
+  linear(k_lin, x, w.k_proj, T, d, HD);
+  linear(v_lin, x, w.v_proj, T, d, HD);
+  shortconv_silu_forward<R>(s.q_act.data(), q_pre, state.conv_q.data(), q_lin, w.q_conv, T, HD, K);
+  shortconv_silu_forward<R>(s.k_act.data(), k_pre, state.conv_k.data(), k_lin, w.k_conv, T, HD, K);
+  shortconv_silu_forward<R>(v, v_pre, state.conv_v.data(), v_lin, w.v_conv, T, HD, K);
   // q, k L2-normalised per head; the D^-0.5 on q is the recurrence's scale.
-  l2norm_forward<float>(s.q.data(), s.q_inv.data(), s.q_act.data(), T * H, D, kL2Eps);
-  l2norm_forward<float>(s.k.data(), s.k_inv.data(), s.k_act.data(), T * H, D, kL2Eps);
+  l2norm_forward<R>(q, q_inv, s.q_act.data(), T * H, D, kKdaL2Eps);
+  l2norm_forward<R>(k, k_inv, s.k_act.data(), T * H, D, kKdaL2Eps);
   const double scale = 1.0 / std::sqrt(double(D));
 
   // beta = sigmoid(W_b x)
-  linear(s.beta.data(), x, w.b_proj, T, d, H);
-  for (int64_t i = 0; i < T * H; ++i) s.beta[i] = sigmoid(s.beta[i]);
+  linear(beta, x, w.b_proj, T, d, H);
+  for (int64_t i = 0; i < T * H; ++i) beta[i] = sigmoid(beta[i]);
 
   // g = gate(W_fb(W_fa x)), A_log per head.
-  linear(s.fa.data(), x, w.f_a, T, d, D);
-  linear(s.z.data(), s.fa.data(), w.f_b, T, D, HD);
-  kda_gate_forward<float>(s.g.data(), s.z.data(), w.A_log, w.dt_bias, T, H, D, dims.bounded, dims.lower_bound);
+  linear(fa, x, w.f_a, T, d, D);
+  linear(z, fa, w.f_b, T, D, HD);
+  kda_gate_forward<R>(g, z, w.A_log, w.dt_bias, T, H, D, dims.bounded, dims.lower_bound);
 
   // The recurrence, state carried.
-  if (T == 1)
-    kda_decode_step(s.o.data(), state.S.data(), s.q.data(), s.k.data(), s.v.data(), s.g.data(), s.beta.data(), H, D,
-                    D, scale);
-  else if (path == KDAPath::Chunked)
-    kda_chunk_forward<float>(s.o.data(), state.S.data(), s.q.data(), s.k.data(), s.v.data(), s.g.data(),
-                             s.beta.data(), T, H, D, D, scale, kChunk);
-  else
-    kda_recurrent_forward<float>(s.o.data(), state.S.data(), s.q.data(), s.k.data(), s.v.data(), s.g.data(),
-                                 s.beta.data(), T, H, D, D, scale);
+  R* S = state.S.data();
+  if constexpr (std::is_same_v<R, float>) {
+    if (saved && saved->ws.has_saved() && path != KDAPath::Fast)
+      saved->ws.release();  // stale per-chunk states of an earlier call: the backward recomputes them
+    if (T == 1 && !saved) {
+      if (path == KDAPath::Fast) kda_decode_step_fast(o, S, q, k, v, g, beta, H, D, D, scale);
+      else kda_decode_step(o, S, q, k, v, g, beta, H, D, D, scale);
+    } else if (path == KDAPath::Fast) {
+      kda_chunk_fast_forward(o, S, q, k, v, g, beta, T, H, D, D, scale, kda_mixer_fast_options(dims, saved),
+                             saved ? saved->ws : s.ws);
+    } else if (path == KDAPath::Chunked) {
+      kda_chunk_forward<R>(o, S, q, k, v, g, beta, T, H, D, D, scale, kKdaMixerChunk);
+    } else {
+      kda_recurrent_forward<R>(o, S, q, k, v, g, beta, T, H, D, D, scale);
+    }
+  } else {
+    // No fast kernel in double: Fast runs the chunked reference.
+    if (path != KDAPath::Recurrent && (T > 1 || saved))
+      kda_chunk_forward<R>(o, S, q, k, v, g, beta, T, H, D, D, scale, kKdaMixerChunk);
+    else
+      kda_recurrent_forward<R>(o, S, q, k, v, g, beta, T, H, D, D, scale);
+  }
 
   // y = RMSNorm_head(o) * o_norm * sigmoid(W_g x);  out = W_o y
-  rmsnorm_forward<float>(s.o_normed.data(), s.o_rstd.data(), s.o.data(), w.o_norm, T * H, D, dims.rms_eps);
-  linear(s.gate_lin.data(), x, w.g_proj, T, d, HD);
-  for (int64_t i = 0; i < T * HD; ++i) s.y[i] = s.o_normed[i] * sigmoid(s.gate_lin[i]);
+  rmsnorm_forward<R>(s.o_normed.data(), o_rstd, o, w.o_norm, T * H, D, dims.rms_eps);
+  linear(gate_lin, x, w.g_proj, T, d, HD);
+  for (int64_t i = 0; i < T * HD; ++i) s.y[i] = s.o_normed[i] * sigmoid(gate_lin[i]);
   linear(out, s.y.data(), w.o_proj, T, HD, d);
 }
+
+template struct KDAStateT<float>;
+template struct KDAStateT<double>;
+template struct KDAScratchT<float>;
+template struct KDAScratchT<double>;
+template struct KDASavedT<float>;
+template struct KDASavedT<double>;
+template void kda_mixer_forward<float>(float*, KDAStateT<float>&, const float*, const KDAWeightsT<float>&,
+                                       const KDADims&, int64_t, KDAPath, KDAScratchT<float>&, KDASavedT<float>*);
+template void kda_mixer_forward<double>(double*, KDAStateT<double>&, const double*, const KDAWeightsT<double>&,
+                                        const KDADims&, int64_t, KDAPath, KDAScratchT<double>&,
+                                        KDASavedT<double>*);
 
 }  // namespace k3

@@ -6,30 +6,58 @@
 //   g       = gate(z = W_fb(W_fa x), A_log per head, dt_bias)       [T, H*D] log-decay
 //   o       = KDA(q, k, v, g, beta; S)                              (S carried)
 //   out     = W_o( RMSNorm_head(o) * o_norm * sigmoid(W_g x) )
-// Weights are nn.Linear-shaped [out, in] f32. State carries across calls, so a prefill
-// followed by one-token calls equals one call over all tokens.
+// Weights are nn.Linear-shaped [out, in]. State carries across calls, so a prefill followed by
+// one-token calls equals one call over all tokens.
+// Templates on the scalar type R (float for inference and training, double for gradient
+// checks); KDAWeights, KDAState, ... are the float instantiations. The backward
+// (kda_mixer_backward, model/kda_mixer_backward.cpp) differentiates one forward call that
+// saved its activations in a KDASavedT.
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "kernels/kda_fast.h"
+
 namespace k3 {
 
-struct KDAWeights {
-  const float* q_proj;   // [H*D, d]
-  const float* k_proj;   // [H*D, d]
-  const float* v_proj;   // [H*D, d]
-  const float* q_conv;   // [H*D, 1, K] depthwise taps, oldest first
-  const float* k_conv;   // [H*D, 1, K]
-  const float* v_conv;   // [H*D, 1, K]
-  const float* f_a;      // [D, d]   low-rank gate, first factor
-  const float* f_b;      // [H*D, D] low-rank gate, second factor
-  const float* b_proj;   // [H, d]   beta logits
-  const float* g_proj;   // [H*D, d] output gate logits (full rank)
-  const float* o_norm;   // [D]      per-head RMSNorm gain, shared by heads
-  const float* o_proj;   // [d, H*D]
-  const float* A_log;    // [H]      one decay rate per head
-  const float* dt_bias;  // [H*D]
+template <typename R>
+struct KDAWeightsT {
+  const R* q_proj;   // [H*D, d]
+  const R* k_proj;   // [H*D, d]
+  const R* v_proj;   // [H*D, d]
+  const R* q_conv;   // [H*D, 1, K] depthwise taps, oldest first
+  const R* k_conv;   // [H*D, 1, K]
+  const R* v_conv;   // [H*D, 1, K]
+  const R* f_a;      // [D, d]   low-rank gate, first factor
+  const R* f_b;      // [H*D, D] low-rank gate, second factor
+  const R* b_proj;   // [H, d]   beta logits
+  const R* g_proj;   // [H*D, d] output gate logits (full rank)
+  const R* o_norm;   // [D]      per-head RMSNorm gain, shared by heads
+  const R* o_proj;   // [d, H*D]
+  const R* A_log;    // [H]      one decay rate per head
+  const R* dt_bias;  // [H*D]
 };
+using KDAWeights = KDAWeightsT<float>;
+
+// Parameter gradients, one per KDAWeightsT field with the same shape; accumulated (+=).
+template <typename R>
+struct KDAGradsT {
+  R* q_proj;   // [H*D, d]
+  R* k_proj;   // [H*D, d]
+  R* v_proj;   // [H*D, d]
+  R* q_conv;   // [H*D, 1, K]
+  R* k_conv;   // [H*D, 1, K]
+  R* v_conv;   // [H*D, 1, K]
+  R* f_a;      // [D, d]
+  R* f_b;      // [H*D, D]
+  R* b_proj;   // [H, d]
+  R* g_proj;   // [H*D, d]
+  R* o_norm;   // [D]
+  R* o_proj;   // [d, H*D]
+  R* A_log;    // [H]
+  R* dt_bias;  // [H*D]
+};
+using KDAGrads = KDAGradsT<float>;
 
 struct KDADims {
   int64_t d, H, D, conv_k;  // model width, heads, head dim (key = value), conv kernel
@@ -38,44 +66,109 @@ struct KDADims {
   double rms_eps;           // eps of the output RMSNorm (config rms_norm_eps)
 };
 
+constexpr double kKdaL2Eps = 1e-6;       // q, k L2Norm eps (K3_REFERENCE section 3)
+constexpr int64_t kKdaMixerChunk = 64;   // chunk of the chunked and fast cores
+// The fast core's options as the mixer runs it: chunk 64, f32 products, the Dense diagonal
+// tiles only for a bounded gate with floor >= -5 (else Safe).
+KDAFastOptions kda_mixer_fast_options(const KDADims& dims, bool save_for_backward);
+
 // Carried per-sequence state. reset() zero-fills it for a fresh sequence.
-struct KDAState {
-  std::vector<float> S;                     // [H, D, D] recurrent state (key rows, value cols)
-  std::vector<float> conv_q, conv_k, conv_v;  // [H*D, K-1] last K-1 conv inputs, oldest first
+template <typename R>
+struct KDAStateT {
+  std::vector<R> S;                       // [H, D, D] recurrent state (key rows, value cols)
+  std::vector<R> conv_q, conv_k, conv_v;  // [H*D, K-1] last K-1 conv inputs, oldest first
   void reset(const KDADims& dims);
 };
+using KDAState = KDAStateT<float>;
 
 enum class KDAPath {
   Recurrent,  // token-by-token reference recurrence (kda_recurrent_forward)
-  Chunked,    // chunkwise form (kda_chunk_forward, chunk 64)
+  Chunked,    // reference chunkwise form (kda_chunk_forward, chunk 64)
+  Fast,       // float: kda_chunk_fast_forward (chunk 64, f32 products; with `saved` it keeps its
+              // per-chunk states for the backward); double: runs the Chunked reference
 };
 
-// Reusable buffers, grown on first use and never shrunk, so repeated calls do not allocate.
-// They hold the activations of the last call under the names a backward would use; those
-// marked "saved" are what the backward needs (besides x, the weights, and the carried state
-// as it was BEFORE the call: S0 and the three conv states, which the caller must keep).
-struct KDAScratch {
-  std::vector<float> q_lin, k_lin, v_lin;  // [T, H*D] W x, conv inputs            (saved)
-  std::vector<float> q_pre, k_pre, v_pre;  // [T, H*D] pre-SiLU conv outputs       (saved)
-  std::vector<float> q_act, k_act;         // [T, H*D] SiLU outputs, L2Norm inputs  (recomputable from *_pre)
-  std::vector<float> v;                    // [T, H*D] SiLU(v_pre), recurrence v    (saved)
-  std::vector<float> q, k;                 // [T, H*D] L2-normalised                (saved)
-  std::vector<float> q_inv, k_inv;         // [T*H]    1 / sqrt(sum^2 + 1e-6)        (saved)
-  std::vector<float> beta;                 // [T, H]   sigmoid(W_b x)               (saved)
-  std::vector<float> fa;                   // [T, D]   W_fa x                       (saved)
-  std::vector<float> z;                    // [T, H*D] W_fb fa, gate input          (saved)
-  std::vector<float> g;                    // [T, H*D] log-decay                    (saved)
-  std::vector<float> o;                    // [T, H*D] KDA core output              (saved)
-  std::vector<float> o_rstd;               // [T*H]    output RMSNorm 1/rms         (saved)
-  std::vector<float> o_normed;             // [T, H*D] RMSNorm(o) * o_norm          (saved)
-  std::vector<float> gate_lin;             // [T, H*D] W_g x                        (saved)
-  std::vector<float> y;                    // [T, H*D] o_normed * sigmoid(gate), W_o input (saved)
+// The activations one forward call saves for kda_mixer_backward (buffers grow, never shrink).
+// Filled by kda_mixer_forward(..., saved); with `saved` given, these quantities are written
+// here and NOT into the scratch. Sized for the call's T; the carried state is the one the
+// call started from.
+template <typename R>
+struct KDASavedT {
+  int64_t T = 0;                            // tokens of the saved call
+  KDAPath path = KDAPath::Recurrent;        // core path the forward ran
+  std::vector<R> x;                         // [T, d]      mixer input
+  std::vector<R> S0;                        // [H, D, D]   KDA state before the call
+  std::vector<R> conv_q0, conv_k0, conv_v0; // [H*D, K-1]  conv states before the call
+  std::vector<R> q_lin, k_lin, v_lin;       // [T, H*D]    W x, the conv inputs
+  std::vector<R> q_pre, k_pre, v_pre;       // [T, H*D]    pre-SiLU conv outputs
+  std::vector<R> q, k;                      // [T, H*D]    L2-normalised q, k (core inputs)
+  std::vector<R> q_inv, k_inv;              // [T*H]       1 / sqrt(sum^2 + 1e-6)
+  std::vector<R> v;                         // [T, H*D]    SiLU(v_pre), core input
+  std::vector<R> beta;                      // [T, H]      sigmoid(W_b x)
+  std::vector<R> fa;                        // [T, D]      W_fa x
+  std::vector<R> z;                         // [T, H*D]    W_fb fa, gate input
+  std::vector<R> g;                         // [T, H*D]    log-decay, core input
+  std::vector<R> o;                         // [T, H*D]    KDA core output
+  std::vector<R> o_rstd;                    // [T*H]       output RMSNorm 1/rms
+  std::vector<R> gate_lin;                  // [T, H*D]    W_g x, output gate logits
+  // Fast core (float): the fast forward's per-chunk states, or (other paths) filled by the
+  // backward's own state pass. The backward uses its scratch too, hence mutable.
+  mutable KDAWorkspace ws;
   void ensure(int64_t T, const KDADims& dims);
 };
+using KDASaved = KDASavedT<float>;
 
-// out [T, d] = KDA(x [T, d]); state carried in/out. T == 1 uses the decode step
-// (kda_decode_step) whatever the path.
-void kda_mixer_forward(float* out, KDAState& state, const float* x, const KDAWeights& w, const KDADims& dims,
-                       int64_t T, KDAPath path, KDAScratch& scratch);
+// Reusable buffers, grown on first use and never shrunk, so repeated calls do not allocate.
+// Without `saved`, the forward leaves the activations of the last call here under the names
+// KDASavedT uses (so the forward's intermediates can be inspected); the backward's
+// intermediates are the d* buffers.
+template <typename R>
+struct KDAScratchT {
+  std::vector<R> q_lin, k_lin, v_lin;  // [T, H*D] W x, conv inputs
+  std::vector<R> q_pre, k_pre, v_pre;  // [T, H*D] pre-SiLU conv outputs
+  std::vector<R> q_act, k_act;         // [T, H*D] SiLU outputs, L2Norm inputs
+  std::vector<R> v;                    // [T, H*D] SiLU(v_pre), recurrence v
+  std::vector<R> q, k;                 // [T, H*D] L2-normalised
+  std::vector<R> q_inv, k_inv;         // [T*H]    1 / sqrt(sum^2 + 1e-6)
+  std::vector<R> beta;                 // [T, H]   sigmoid(W_b x)
+  std::vector<R> fa;                   // [T, D]   W_fa x
+  std::vector<R> z;                    // [T, H*D] W_fb fa, gate input
+  std::vector<R> g;                    // [T, H*D] log-decay
+  std::vector<R> o;                    // [T, H*D] KDA core output
+  std::vector<R> o_rstd;               // [T*H]    output RMSNorm 1/rms
+  std::vector<R> o_normed;             // [T, H*D] RMSNorm(o) * o_norm
+  std::vector<R> gate_lin;             // [T, H*D] W_g x
+  std::vector<R> y;                    // [T, H*D] o_normed * sigmoid(gate), W_o input
+  // backward
+  std::vector<R> dy;                   // [T, H*D] d out / d y, then d o_normed
+  std::vector<R> dgate;                // [T, H*D] d gate_lin
+  std::vector<R> d_o;                  // [T, H*D] d o
+  std::vector<R> dq, dk, dv, dg;       // [T, H*D] core input gradients (dg then dz)
+  std::vector<R> dbeta;                // [T, H]   d beta, then d beta logits
+  std::vector<R> dfa;                  // [T, D]
+  std::vector<R> dact;                 // [T, H*D] d q_act / d k_act
+  std::vector<R> dlin;                 // [T, H*D] d q_lin / d k_lin / d v_lin
+  KDAWorkspace ws;                     // fast core (float) without `saved`
+  void ensure(int64_t T, const KDADims& dims);
+  void ensure_backward(int64_t T, const KDADims& dims);
+};
+using KDAScratch = KDAScratchT<float>;
+
+// out [T, d] = KDA(x [T, d]); state carried in/out. Without `saved`, T == 1 uses the decode
+// step (kda_decode_step; kda_decode_step_fast on the Fast path; the recurrence in double)
+// whatever the path. With `saved` (training), the call's activations and starting state are
+// stored there for kda_mixer_backward, and T == 1 runs the path's own core.
+template <typename R>
+void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeightsT<R>& w, const KDADims& dims,
+                       int64_t T, KDAPath path, KDAScratchT<R>& scratch, KDASavedT<R>* saved = nullptr);
+
+// Backward of the forward call that filled `saved` (same weights and dims; T == saved.T).
+// dx [T, d] is assigned; grads are accumulated (+=); dout [T, d] is the gradient of out.
+// Gradients w.r.t. the starting KDA and conv states are not formed (training starts each
+// sequence from zero state). Core backward: double uses the recurrent reference
+// (kda_recurrent_backward); float uses kda_chunk_fast_backward (chunk 64, f32).
+template <typename R>
+void kda_mixer_backward(R* dx, const KDAGradsT<R>& grads, const R* dout, const KDASavedT<R>& saved,
+                        const KDAWeightsT<R>& w, const KDADims& dims, int64_t T, KDAScratchT<R>& scratch);
 
 }  // namespace k3

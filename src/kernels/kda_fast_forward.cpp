@@ -1,0 +1,186 @@
+// Fast chunked KDA forward and the vectorised decode step (contract in kda_fast.h;
+// K3_REFERENCE section 3). One OpenMP thread per head; per chunk everything lives in the
+// thread's scratch (about 1 MB), so the only memory traffic is the inputs, o, and (when
+// training) the saved per-chunk state, R and V'.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/kda_fast_impl.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace k3 {
+namespace kda_fast {
+
+void forward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* o, const float* state_in,
+                  float* state_out, const float* q, const float* k, const float* v, const float* g,
+                  const float* beta, int64_t h, bool save) {
+  const int64_t C = gm.C, Kp = gm.Dkp, Vp = gm.Dvp, Dk = gm.Dk, Dv = gm.Dv, H = gm.H;
+  const bool bf = gm.bf16;
+  float* S = s.S;
+  std::memset(S, 0, size_t(Kp * Vp) * 4);
+  if (state_in)
+    for (int64_t d = 0; d < Dk; ++d) std::memcpy(S + d * Vp, state_in + (h * Dk + d) * Dv, size_t(Dv) * 4);
+  for (int64_t c = 0; c < gm.NT; ++c) {
+    const int64_t t0 = c * C, n = std::min(C, gm.Tn - t0);
+    prep_chunk(gm, s, q, k, v, g, beta, h, t0, n, /*need_v=*/true);
+    if (save) std::memcpy(ws.state_at(h, c), S, size_t(Kp * Vp) * 4);
+    intra_chunk(gm, s);
+    ut_transform(gm, s);
+    // P = [K E ; Q E] S: the state read by the keys (for R) and by the queries (for O).
+    mm(s.P, Vp, a_op(bf, s.KQe, Kp, false, 2 * C, Kp, s.ha), b_op(bf, S, Vp, false, Kp, Vp, s.hb1), 2 * C, Vp, Kp,
+       1.f, false);
+    // R = V - K E S;  V' = Tm R
+    float* R = save ? ws.r_at(h, c) : s.R;
+    float* Vq = save ? ws.vp_at(h, c) : s.Vp;
+    for (int64_t i = 0; i < C; ++i)
+#pragma omp simd
+      for (int64_t j = 0; j < Vp; ++j) R[i * Vp + j] = s.V[i * Vp + j] - s.P[i * Vp + j];
+    mm(Vq, Vp, a_op(bf, s.Tm, C, false, C, C, s.ha), b_op(bf, R, Vp, false, C, Vp, s.hb2), C, Vp, C, 1.f, false,
+       Tri::Lower);
+    // O = Q E S + Aqk V'
+    const BOp bv = b_op(bf, Vq, Vp, false, C, Vp, s.hb1);
+    float* O = s.P + C * Vp;
+    mm(O, Vp, a_op(bf, s.Aqk, C, false, C, C, s.ha), bv, C, Vp, C, 1.f, true, Tri::Lower);
+    // S = diag(El) S + Kd^T V'
+    for (int64_t d = 0; d < Kp; ++d) {
+      const float e = s.El[d];
+#pragma omp simd
+      for (int64_t j = 0; j < Vp; ++j) S[d * Vp + j] *= e;
+    }
+    mm(S, Vp, a_op(bf, s.Kd, Kp, true, Kp, C, s.ha), bv, Kp, Vp, C, 1.f, true);
+    if (o)
+      for (int64_t i = 0; i < n; ++i) std::memcpy(o + ((t0 + i) * H + h) * Dv, O + i * Vp, size_t(Dv) * 4);
+  }
+  if (state_out)
+    for (int64_t d = 0; d < Dk; ++d) std::memcpy(state_out + (h * Dk + d) * Dv, S + d * Vp, size_t(Dv) * 4);
+}
+
+}  // namespace kda_fast
+
+void kda_chunk_fast_forward(float* o, float* state, const float* q, const float* k, const float* v, const float* g,
+                            const float* beta, int64_t Tn, int64_t H, int64_t Dk, int64_t Dv, double scale,
+                            const KDAFastOptions& opt, KDAWorkspace& ws) {
+  using namespace kda_fast;
+  const Geom gm = make_geom(Tn, H, Dk, Dv, scale, opt);
+  auto& W = ws.impl();
+  W.saved = false;
+  if (Tn == 0) return;
+  W.prepare_threads(gm);
+  if (opt.save_for_backward) W.prepare_saved(gm);
+#pragma omp parallel
+  {
+    Scratch& s = W.threads[omp_get_thread_num()];
+#pragma omp for schedule(static)
+    for (int64_t h = 0; h < H; ++h) forward_head(gm, s, W, o, state, state, q, k, v, g, beta, h, opt.save_for_backward);
+  }
+  W.saved = opt.save_for_backward;
+}
+
+// ---------------------------------------------------------------------------------------
+// decode step
+
+namespace {
+
+constexpr int64_t kDecodeMax = 1024;
+
+#if defined(__AVX512F__)
+// One head, columns [j0, j0 + 16*NV) (masks for a ragged tail). Pass 1 reads each row of S
+// once for u and p; pass 2 rewrites it.
+template <int NV>
+void decode_cols(float* o, float* S, const float* q, const float* k, const float* v, const float* a, float b,
+                 float qk, float sc, int64_t Dk, int64_t Dv, int64_t j0) {
+  __mmask16 m[NV];
+  for (int w = 0; w < NV; ++w) {
+    const int64_t left = Dv - j0 - 16 * w;
+    m[w] = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+  }
+  __m512 u[NV], p[NV];
+  for (int w = 0; w < NV; ++w) u[w] = p[w] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < Dk; ++d) {
+    const float* row = S + d * Dv + j0;
+    const __m512 ak = _mm512_set1_ps(a[d] * k[d]), aq = _mm512_set1_ps(a[d] * q[d]);
+    for (int w = 0; w < NV; ++w) {
+      const __m512 x = _mm512_maskz_loadu_ps(m[w], row + 16 * w);
+      u[w] = _mm512_fmadd_ps(ak, x, u[w]);
+      p[w] = _mm512_fmadd_ps(aq, x, p[w]);
+    }
+  }
+  // d = beta (v - u);  o = scale (p + (q.k) d)
+  __m512 dl[NV];
+  for (int w = 0; w < NV; ++w) {
+    dl[w] = _mm512_mul_ps(_mm512_set1_ps(b), _mm512_sub_ps(_mm512_maskz_loadu_ps(m[w], v + j0 + 16 * w), u[w]));
+    const __m512 ow = _mm512_mul_ps(_mm512_set1_ps(sc), _mm512_fmadd_ps(_mm512_set1_ps(qk), dl[w], p[w]));
+    _mm512_mask_storeu_ps(o + j0 + 16 * w, m[w], ow);
+  }
+  // S = diag(a) S + k d^T
+  for (int64_t d = 0; d < Dk; ++d) {
+    float* row = S + d * Dv + j0;
+    const __m512 ad = _mm512_set1_ps(a[d]), kd = _mm512_set1_ps(k[d]);
+    for (int w = 0; w < NV; ++w) {
+      const __m512 x = _mm512_maskz_loadu_ps(m[w], row + 16 * w);
+      _mm512_mask_storeu_ps(row + 16 * w, m[w], _mm512_fmadd_ps(kd, dl[w], _mm512_mul_ps(ad, x)));
+    }
+  }
+}
+#endif
+
+void decode_head(float* o, float* S, const float* q, const float* k, const float* v, const float* g, float b,
+                 int64_t Dk, int64_t Dv, float sc) {
+  float a[kDecodeMax];
+  kda_fast::vexp(a, g, Dk);
+  float qk = 0;
+  for (int64_t d = 0; d < Dk; ++d) qk += q[d] * k[d];
+#if defined(__AVX512F__)
+  // Column blocks of up to 128 keep u, p (and then d) in 16 zmm registers.
+  for (int64_t j0 = 0; j0 < Dv; j0 += 128) {
+    switch (std::min<int64_t>(8, (Dv - j0 + 15) / 16)) {
+      case 1: decode_cols<1>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
+      case 2: decode_cols<2>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
+      case 3: decode_cols<3>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
+      case 4: decode_cols<4>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
+      case 5: decode_cols<5>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
+      case 6: decode_cols<6>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
+      case 7: decode_cols<7>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
+      default: decode_cols<8>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
+    }
+  }
+#else
+  float u[kDecodeMax], p[kDecodeMax];
+  std::fill(u, u + Dv, 0.f);
+  std::fill(p, p + Dv, 0.f);
+  for (int64_t d = 0; d < Dk; ++d) {
+    const float ak = a[d] * k[d], aq = a[d] * q[d];
+    for (int64_t j = 0; j < Dv; ++j) {
+      u[j] += ak * S[d * Dv + j];
+      p[j] += aq * S[d * Dv + j];
+    }
+  }
+  for (int64_t j = 0; j < Dv; ++j) {
+    u[j] = b * (v[j] - u[j]);
+    o[j] = sc * (p[j] + qk * u[j]);
+  }
+  for (int64_t d = 0; d < Dk; ++d)
+    for (int64_t j = 0; j < Dv; ++j) S[d * Dv + j] = a[d] * S[d * Dv + j] + k[d] * u[j];
+#endif
+}
+
+}  // namespace
+
+void kda_decode_step_fast(float* o, float* state, const float* q, const float* k, const float* v, const float* g,
+                          const float* beta, int64_t H, int64_t Dk, int64_t Dv, double scale) {
+  K3_ASSERT(Dk <= kDecodeMax && Dv <= kDecodeMax, "kda_decode_step_fast: Dk, Dv must be <= 1024");
+  const float sc = float(scale);
+  // Threads only when there is enough state to amortise the fork (64 KB per head at D = 128).
+#pragma omp parallel for schedule(static) if (H * Dk * Dv >= (1 << 17))
+  for (int64_t h = 0; h < H; ++h)
+    decode_head(o + h * Dv, state + h * Dk * Dv, q + h * Dk, k + h * Dk, v + h * Dv, g + h * Dk, beta[h], Dk, Dv, sc);
+}
+
+}  // namespace k3

@@ -1,0 +1,198 @@
+#include "train/run_config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace k3 {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Reader {
+  const json& j;
+  std::string path, prefix;
+  std::set<std::string> known;
+
+  template <typename V>
+  void get(const char* key, V& out) {
+    known.insert(key);
+    if (!j.contains(key)) return;
+    const json& v = j.at(key);
+    const std::string field = prefix + key;
+    try {
+      if constexpr (std::is_same_v<V, std::string>) {
+        if (!v.is_string()) fail_input(path, field, "expected a string");
+      } else if constexpr (std::is_same_v<V, double>) {
+        if (!v.is_number()) fail_input(path, field, "expected a number");
+      } else if constexpr (std::is_integral_v<V>) {
+        if (!v.is_number_integer()) fail_input(path, field, "expected an integer");
+      }
+      out = v.get<V>();
+    } catch (const json::exception& e) {
+      fail_input(path, field, std::string("wrong type (") + e.what() + ")");
+    }
+  }
+  void check_unknown() {
+    for (auto& [k, v] : j.items())
+      if (!known.count(k)) fail_input(path, prefix + k, "unknown field");
+  }
+};
+
+void positive(const std::string& path, const std::string& field, double v) {
+  if (!(v > 0)) fail_input(path, field, "must be positive");
+}
+
+}  // namespace
+
+RunConfig parse_run_config(const std::string& text, const std::string& path) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    fail_input(path, "", std::string("not valid JSON (") + e.what() + ")");
+  }
+  if (!j.is_object()) fail_input(path, "", "expected a JSON object");
+  RunConfig r;
+  r.path = path;
+  Reader rd{j, path, "", {}};
+  rd.get("model", r.model_config);
+  rd.get("data", r.data);
+  rd.get("heldout_every", r.heldout_every);
+  rd.get("batch_tokens", r.batch_tokens);
+  rd.get("micro_batch_tokens", r.micro_batch_tokens);
+  rd.get("optimizer", r.optimizer);
+  rd.get("weight_decay", r.weight_decay);
+  rd.get("beta1", r.beta1);
+  rd.get("beta2", r.beta2);
+  rd.get("grad_clip", r.grad_clip);
+  rd.get("muon_momentum", r.muon_momentum);
+  rd.get("balancer", r.balancer);
+  rd.get("qb_bins", r.qb_bins);
+  rd.get("sign_u", r.sign_u);
+  rd.get("aux_alpha", r.aux_alpha);
+  rd.get("eval_every", r.eval_every);
+  rd.get("eval_tokens", r.eval_tokens);
+  rd.get("checkpoint_every", r.checkpoint_every);
+  rd.get("log_every", r.log_every);
+  rd.get("seed", r.seed);
+  rd.get("init_seed", r.init_seed);
+  rd.get("threads", r.threads);
+  rd.get("sample_tokens", r.sample_tokens);
+  rd.known.insert("samples");
+  if (j.contains("samples")) {
+    if (!j["samples"].is_array()) fail_input(path, "samples", "expected an array of strings");
+    r.samples.clear();
+    for (auto& s : j["samples"]) {
+      if (!s.is_string()) fail_input(path, "samples", "expected an array of strings");
+      r.samples.push_back(s.get<std::string>());
+    }
+  }
+  rd.known.insert("stages");
+  rd.known.insert("comment");
+  rd.check_unknown();
+
+  const fs::path base = fs::path(path).parent_path();
+  if (r.model_config.empty()) fail_input(path, "model", "missing (path of the model's config.json)");
+  if (fs::path(r.model_config).is_relative()) r.model_config = (base / r.model_config).lexically_normal().string();
+  if (r.data != "bible" && fs::path(r.data).is_relative()) r.data = (base / r.data).lexically_normal().string();
+
+  if (!j.contains("stages") || !j["stages"].is_array() || j["stages"].empty())
+    fail_input(path, "stages", "missing or empty (a list of {seq_len, tokens, lr_peak, ...})");
+  for (size_t i = 0; i < j["stages"].size(); ++i) {
+    const json& sj = j["stages"][i];
+    const std::string pre = "stages[" + std::to_string(i) + "].";
+    if (!sj.is_object()) fail_input(path, pre.substr(0, pre.size() - 1), "expected an object");
+    StageConfig s;
+    s.name = "stage" + std::to_string(i + 1);
+    Reader sr{sj, path, pre, {}};
+    sr.get("name", s.name);
+    sr.get("seq_len", s.seq_len);
+    sr.get("tokens", s.tokens);
+    sr.get("lr_peak", s.lr_peak);
+    sr.get("lr_end", s.lr_end);
+    sr.get("warmup_steps", s.warmup_steps);
+    sr.get("decay_frac", s.decay_frac);
+    sr.check_unknown();
+    if (s.seq_len < 2) fail_input(path, pre + "seq_len", "must be at least 2");
+    if (s.tokens <= 0) fail_input(path, pre + "tokens", "must be positive");
+    positive(path, pre + "lr_peak", s.lr_peak);
+    if (s.lr_end < 0) fail_input(path, pre + "lr_end", "must be >= 0");
+    if (s.warmup_steps < 0) fail_input(path, pre + "warmup_steps", "must be >= 0");
+    if (s.decay_frac < 0 || s.decay_frac > 1) fail_input(path, pre + "decay_frac", "must be in [0, 1]");
+    if (s.seq_len > r.micro_batch_tokens)
+      fail_input(path, pre + "seq_len", "is longer than micro_batch_tokens (" + std::to_string(r.micro_batch_tokens) + ")");
+    r.stages.push_back(s);
+  }
+  if (r.heldout_every < 2) fail_input(path, "heldout_every", "must be at least 2");
+  if (r.micro_batch_tokens <= 0) fail_input(path, "micro_batch_tokens", "must be positive");
+  if (r.batch_tokens <= 0 || r.batch_tokens % r.micro_batch_tokens != 0)
+    fail_input(path, "batch_tokens", "must be a positive multiple of micro_batch_tokens");
+  if (r.optimizer != "muon" && r.optimizer != "adamw") fail_input(path, "optimizer", "must be 'muon' or 'adamw', got '" + r.optimizer + "'");
+  static const std::set<std::string> balancers = {"qb-hist", "qb-exact", "sign", "aux", "none"};
+  if (!balancers.count(r.balancer))
+    fail_input(path, "balancer", "must be one of qb-hist, qb-exact, sign, aux, none; got '" + r.balancer + "'");
+  if (r.qb_bins < 2) fail_input(path, "qb_bins", "must be at least 2");
+  positive(path, "sign_u", r.sign_u);
+  if (r.aux_alpha < 0) fail_input(path, "aux_alpha", "must be >= 0");
+  if (r.beta1 < 0 || r.beta1 >= 1) fail_input(path, "beta1", "must be in [0, 1)");
+  if (r.beta2 < 0 || r.beta2 >= 1) fail_input(path, "beta2", "must be in [0, 1)");
+  if (r.weight_decay < 0) fail_input(path, "weight_decay", "must be >= 0");
+  if (r.grad_clip < 0) fail_input(path, "grad_clip", "must be >= 0 (0: no clipping)");
+  if (r.eval_every < 0) fail_input(path, "eval_every", "must be >= 0");
+  if (r.eval_tokens < 0) fail_input(path, "eval_tokens", "must be >= 0");
+  if (r.checkpoint_every < 0) fail_input(path, "checkpoint_every", "must be >= 0");
+  if (r.log_every < 1) fail_input(path, "log_every", "must be >= 1");
+  if (r.threads < 0) fail_input(path, "threads", "must be >= 0");
+  if (r.sample_tokens < 0) fail_input(path, "sample_tokens", "must be >= 0");
+  return r;
+}
+
+RunConfig load_run_config(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) fail_system("cannot open run file", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return parse_run_config(ss.str(), path);
+}
+
+std::string run_config_to_json(const RunConfig& r) {
+  json j;
+  j["model"] = r.model_config;
+  j["data"] = r.data;
+  j["heldout_every"] = r.heldout_every;
+  j["batch_tokens"] = r.batch_tokens;
+  j["micro_batch_tokens"] = r.micro_batch_tokens;
+  j["optimizer"] = r.optimizer;
+  j["weight_decay"] = r.weight_decay;
+  j["beta1"] = r.beta1;
+  j["beta2"] = r.beta2;
+  j["grad_clip"] = r.grad_clip;
+  j["muon_momentum"] = r.muon_momentum;
+  j["balancer"] = r.balancer;
+  j["qb_bins"] = r.qb_bins;
+  j["sign_u"] = r.sign_u;
+  j["aux_alpha"] = r.aux_alpha;
+  j["eval_every"] = r.eval_every;
+  j["eval_tokens"] = r.eval_tokens;
+  j["checkpoint_every"] = r.checkpoint_every;
+  j["log_every"] = r.log_every;
+  j["seed"] = r.seed;
+  j["init_seed"] = r.init_seed;
+  j["threads"] = r.threads;
+  j["samples"] = r.samples;
+  j["sample_tokens"] = r.sample_tokens;
+  j["stages"] = json::array();
+  for (auto& s : r.stages)
+    j["stages"].push_back({{"name", s.name}, {"seq_len", s.seq_len}, {"tokens", s.tokens}, {"lr_peak", s.lr_peak},
+                           {"lr_end", s.lr_end}, {"warmup_steps", s.warmup_steps}, {"decay_frac", s.decay_frac}});
+  return j.dump(2) + "\n";
+}
+
+}  // namespace k3

@@ -1,0 +1,57 @@
+// A training run file (JSON): model config, data, batch, context stages, optimiser, load
+// balancer, evaluation, checkpointing and logging. Every field has a default except the
+// model; unknown fields are refused (a typo must not silently fall back to a default).
+// Paths inside are relative to the run file's directory.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace k3 {
+
+// One progressive-context stage (K3: 8K, 64K, 256K, 1M; scaled to the machine): its
+// sequence length, token budget and learning-rate segment (warmup from 0 to lr_peak over
+// warmup_steps, constant, then linear decay to lr_end over the last decay_frac of its steps).
+struct StageConfig {
+  std::string name;
+  int64_t seq_len = 256;
+  int64_t tokens = 0;  // tokens to train in this stage (rounded up to whole steps)
+  double lr_peak = 3e-3, lr_end = 3e-3;
+  int64_t warmup_steps = 0;
+  double decay_frac = 0.0;
+};
+
+struct RunConfig {
+  std::string path;          // the run file
+  std::string model_config;  // resolved path of the K3 config.json
+  std::string data = "bible";
+  int64_t heldout_every = 40;   // every n-th document is held out
+  int64_t batch_tokens = 4096;  // tokens per optimizer step (all micro-batches)
+  int64_t micro_batch_tokens = 2048;  // tokens per micro-batch (forward+backward at once)
+  std::vector<StageConfig> stages;
+  // Optimiser.
+  std::string optimizer = "muon";  // muon (per-head, AdamW for the rest) | adamw
+  double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, grad_clip = 1.0, muon_momentum = 0.95;
+  // Load balancing: qb-hist | qb-exact | sign | aux | none.
+  std::string balancer = "qb-hist";
+  int64_t qb_bins = 1000;
+  double sign_u = 1e-3;
+  double aux_alpha = 1e-2;
+  // Evaluation, checkpoints, logging.
+  int64_t eval_every = 50;         // steps; 0: only at stage ends
+  int64_t eval_tokens = 32768;     // held-out tokens per evaluation (0: the whole held-out set)
+  int64_t checkpoint_every = 100;  // steps; a checkpoint is always written at the end
+  int64_t log_every = 1;
+  uint64_t seed = 1;
+  int64_t init_seed = -1;          // model init seed (-1: same as seed)
+  int64_t threads = 0;             // 0: environment / all cores
+  std::vector<std::string> samples = {"In the beginning", "And God said"};
+  int64_t sample_tokens = 80;
+};
+
+// Parses and validates; k3::Error "<path>: <field>: <problem>".
+RunConfig load_run_config(const std::string& path);
+RunConfig parse_run_config(const std::string& json_text, const std::string& path);
+std::string run_config_to_json(const RunConfig& r);
+
+}  // namespace k3
