@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
-./build/k3cpp plan configs/kimi-k3.json --storage mxfp4 --context 131072 --gpus 8 --gpu-mem 80
+./build/k3cpp plan configs/kimi-k3.json --storage mxfp4 --context 131072 --gpus 64 --gpu-mem 141

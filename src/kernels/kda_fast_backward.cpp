@@ -75,6 +75,10 @@ void backward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* dq
     intra_chunk(gm, s);
     ut_transform(gm, s);
     const float *S0 = ws.state_at(h, c), *R = ws.r_at(h, c), *Vq = ws.vp_at(h, c);
+    if (c > 0) {  // the previous chunk's saved state, R and V' come next: start fetching them
+      prefetch_floats(ws.state_at(h, c - 1), Kp * Vp);
+      prefetch_floats(ws.r_at(h, c - 1), 2 * C * Vp);
+    }
     float* dS = s.dS;
     float* dO = s.G2 + C * Vp;  // G2 = [-dR ; dO]
     for (int64_t i = 0; i < C; ++i) {
@@ -94,11 +98,7 @@ void backward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* dq
     // V' = Tm R:  dR = Tm^T dV'  (stored negated in G2: R = V - K E S0 then reads as + below)
     mm(s.G2, Vp, a_op(bf, s.Tm, C, true, C, C, s.ha), b_op(bf, s.dVp, Vp, false, C, Vp, s.hb1), C, Vp, C, -1.f,
        false, Tri::Upper);
-    for (int64_t i = 0; i < n; ++i) {
-      float* dvi = dv + ((t0 + i) * H + h) * Dv;
-      const float* src = s.G2 + i * Vp;
-      for (int64_t j = 0; j < Dv; ++j) dvi[j] = -src[j];  // R = V - ...:  dV = dR
-    }
+    for (int64_t i = 0; i < n; ++i) store_row(dv + ((t0 + i) * H + h) * Dv, s.G2 + i * Vp, Dv, -1.f);  // dV = dR
     BOp bG2 = b_op(bf, s.G2, Vp, false, C, Vp, s.hb2);  // completes [-dR ; dO] (2C rows)
     // V' = Tm R:  dTm = dV' R^T;  O: dAqk = MaskIncl(dO V'^T)   (16-row blocks, lower part only)
     {
@@ -226,12 +226,9 @@ void backward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* dq
     const float sc = gm.scale;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t ro = (t0 + i) * H + h;
-      const float *dQ = s.E + i * Kp, *dK = s.Edl + i * Kp, *dG = s.dG + i * Kp;
-      for (int64_t d = 0; d < Dk; ++d) {
-        dq[ro * Dk + d] = sc * dQ[d];  // Q = scale q
-        dk[ro * Dk + d] = dK[d];
-        dg[ro * Dk + d] = dG[d];
-      }
+      store_row(dq + ro * Dk, s.E + i * Kp, Dk, sc);  // dQ (in E); Q = scale q
+      store_row(dk + ro * Dk, s.Edl + i * Kp, Dk);    // dK (in Edl)
+      store_row(dg + ro * Dk, s.dG + i * Kp, Dk);
       dbeta[ro] = s.dbeta[i];
     }
     std::swap(s.dS, s.dSn);

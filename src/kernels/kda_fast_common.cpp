@@ -127,6 +127,11 @@ void vexp(float* dst, const float* src, int64_t n) {
   for (; i < n; ++i) dst[i] = std::exp(src[i]);
 }
 
+void store_row(float* __restrict dst, const float* __restrict src, int64_t n, float alpha) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = alpha * src[i];
+}
+
 // ---------------------------------------------------------------------------------------
 // chunk preparation
 
@@ -161,6 +166,17 @@ void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, cons
   for (int64_t i = 0; i < C; ++i) {
     float *Qi = s.Q + i * Kp, *Ki = s.K + i * Kp, *Gi = s.G + i * Kp;
     const float* Gp = i ? Gi - Kp : nullptr;
+    if (t0 + C + i < gm.Tn) {
+      // The rows are strided by H*D: prefetch the next chunk's row i while this one is built.
+      const int64_t tn = t0 + C + i;
+      for (int64_t c = 0; c < Dk; c += 16) {
+        __builtin_prefetch(q + tn * ldk + h * Dk + c, 0, 2);  // to L2: a chunk of rows overflows L1
+        __builtin_prefetch(k + tn * ldk + h * Dk + c, 0, 2);
+        __builtin_prefetch(g + tn * ldk + h * Dk + c, 0, 2);
+      }
+      if (need_v)
+        for (int64_t c = 0; c < Dv; c += 16) __builtin_prefetch(v + tn * ldv + h * Dv + c, 0, 2);
+    }
     if (i < n) {
       const float* gi = g + (t0 + i) * ldk + h * Dk;
       gather_row(Qi, Ki, Gi, Gp, q + (t0 + i) * ldk + h * Dk, k + (t0 + i) * ldk + h * Dk, gi, sc, Dk, Kp);

@@ -56,7 +56,7 @@ void forward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* o, 
     }
     mm(S, Vp, a_op(bf, s.Kd, Kp, true, Kp, C, s.ha), bv, Kp, Vp, C, 1.f, true);
     if (o)
-      for (int64_t i = 0; i < n; ++i) std::memcpy(o + ((t0 + i) * H + h) * Dv, O + i * Vp, size_t(Dv) * 4);
+      for (int64_t i = 0; i < n; ++i) store_row(o + ((t0 + i) * H + h) * Dv, O + i * Vp, Dv);
   }
   if (state_out)
     for (int64_t d = 0; d < Dk; ++d) std::memcpy(state_out + (h * Dk + d) * Dv, S + d * Vp, size_t(Dv) * 4);

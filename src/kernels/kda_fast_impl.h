@@ -93,6 +93,12 @@ namespace k3::kda_fast {
 
 // dst[i] = e^src[i] (AVX-512 where present; inf above ~88.7, 0 below -88, NaN kept).
 void vexp(float* dst, const float* src, int64_t n);
+// dst[i] = alpha * src[i], n values (vector stores: the token-major outputs are strided rows).
+void store_row(float* __restrict dst, const float* __restrict src, int64_t n, float alpha = 1.f);
+// Prefetch n floats starting at p into cache.
+inline void prefetch_floats(const float* p, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 2);
+}
 
 // Loads chunk rows [t0, t0 + n) of head h into the scratch (zero rows and columns as
 // padding, g = 0 there) and forms G, E, Edl, El, KQe, Kd, anchored XQ and Y (and Ga for the

@@ -309,12 +309,12 @@ inline void tr16x16(__m512i r[16]) {
   }
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 4; ++j) {
-      t[8 * i + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
-      t[8 * i + 4 + j] = _mm512_shuffle_i32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+      t[8 * i + j] = _mm512_maskz_shuffle_i32x4(0xffff, r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_maskz_shuffle_i32x4(0xffff, r[8 * i + j], r[8 * i + 4 + j], 0xdd);
     }
   for (int j = 0; j < 8; ++j) {
-    r[j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0x88);
-    r[8 + j] = _mm512_shuffle_i32x4(t[j], t[8 + j], 0xdd);
+    r[j] = _mm512_maskz_shuffle_i32x4(0xffff, t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_maskz_shuffle_i32x4(0xffff, t[j], t[8 + j], 0xdd);
   }
 }
 

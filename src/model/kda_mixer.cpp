@@ -87,10 +87,8 @@ void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeights
   if (T == 0) return;
   s.ensure(T, dims);
 
-  // Saved quantities go to `saved` when given, else to the scratch.
-  auto pick = [&](std::vector<R>& scratch_buf, std::vector<R>* saved_buf) {
-    return saved ? saved_buf->data() : scratch_buf.data();
-  };
+  // Saved quantities go to `saved` when given (with the input and the starting state), else
+  // to the scratch; both name them alike.
   if (saved) {
     saved->ensure(T, dims);
     std::copy(x, x + T * d, saved->x.begin());
@@ -99,25 +97,29 @@ void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeights
     std::copy(state.conv_k.begin(), state.conv_k.end(), saved->conv_k0.begin());
     std::copy(state.conv_v.begin(), state.conv_v.end(), saved->conv_v0.begin());
   }
-  KDASavedT<R>* sv = saved;
-  R* q_lin = pick(s.q_lin, sv ? &sv->q_lin : nullptr);
-  R* k_lin = pick(s.k_lin, sv ? &sv->k_lin : nullptr);
-  R* v_lin = pick(s.v_lin, sv ? &sv->v_lin : nullptr);
-  R* q_pre = pick(s.q_pre, sv ? &sv->q_pre : nullptr);
-  R* k_pre = pick(s.k_pre, sv ? &sv->k_pre : nullptr);
-  R* v_pre = pick(s.v_pre, sv ? &sv->v_pre : nullptr);
-  R* q = pick(s.q, sv ? &sv->q : nullptr);
-  R* k = pick(s.k, sv ? &sv->k : nullptr);
-  R* q_inv = pick(s.q_inv, sv ? &sv->q_inv : nullptr);
-  R* k_inv = pick(s.k_inv, sv ? &sv->k_inv : nullptr);
-  R* v = pick(s.v, sv ? &sv->v : nullptr);
-  R* beta = pick(s.beta, sv ? &sv->beta : nullptr);
-  R* fa = pick(s.fa, sv ? &sv->fa : nullptr);
-  R* z = pick(s.z, sv ? &sv->z : nullptr);
-  R* g = pick(s.g, sv ? &sv->g : nullptr);
-  R* o = pick(s.o, sv ? &sv->o : nullptr);
-  R* o_rstd = pick(s.o_rstd, sv ? &sv->o_rstd : nullptr);
-  R* gate_lin = pick(s.gate_lin, sv ? &sv->gate_lin : nullptr);
+  using SavedBuf = std::vector<R> KDASavedT<R>::*;
+  using ScratchBuf = std::vector<R> KDAScratchT<R>::*;
+  auto buf = [&](ScratchBuf sb, SavedBuf vb) { return saved ? ((*saved).*vb).data() : (s.*sb).data(); };
+  using Sc = KDAScratchT<R>;
+  using Sv = KDASavedT<R>;
+  R* q_lin = buf(&Sc::q_lin, &Sv::q_lin);
+  R* k_lin = buf(&Sc::k_lin, &Sv::k_lin);
+  R* v_lin = buf(&Sc::v_lin, &Sv::v_lin);
+  R* q_pre = buf(&Sc::q_pre, &Sv::q_pre);
+  R* k_pre = buf(&Sc::k_pre, &Sv::k_pre);
+  R* v_pre = buf(&Sc::v_pre, &Sv::v_pre);
+  R* q = buf(&Sc::q, &Sv::q);
+  R* k = buf(&Sc::k, &Sv::k);
+  R* q_inv = buf(&Sc::q_inv, &Sv::q_inv);
+  R* k_inv = buf(&Sc::k_inv, &Sv::k_inv);
+  R* v = buf(&Sc::v, &Sv::v);
+  R* beta = buf(&Sc::beta, &Sv::beta);
+  R* fa = buf(&Sc::fa, &Sv::fa);
+  R* z = buf(&Sc::z, &Sv::z);
+  R* g = buf(&Sc::g, &Sv::g);
+  R* o = buf(&Sc::o, &Sv::o);
+  R* o_rstd = buf(&Sc::o_rstd, &Sv::o_rstd);
+  R* gate_lin = buf(&Sc::gate_lin, &Sv::gate_lin);
 
   // q, k, v = ShortConv_SiLU(W x), conv state carried.
   linear(q_lin, x, w.q_proj, T, d, HD);
@@ -167,8 +169,11 @@ void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeights
   // y = RMSNorm_head(o) * o_norm * sigmoid(W_g x);  out = W_o y
   rmsnorm_forward<R>(s.o_normed.data(), o_rstd, o, w.o_norm, T * H, D, dims.rms_eps);
   linear(gate_lin, x, w.g_proj, T, d, HD);
-  for (int64_t i = 0; i < T * HD; ++i) s.y[i] = s.o_normed[i] * sigmoid(gate_lin[i]);
-  linear(out, s.y.data(), w.o_proj, T, HD, d);
+  R* y = s.y.data();
+  const R* on = s.o_normed.data();
+#pragma omp parallel for schedule(static) if (T * HD > 65536)
+  for (int64_t i = 0; i < T * HD; ++i) y[i] = on[i] * sigmoid(gate_lin[i]);
+  linear(out, y, w.o_proj, T, HD, d);
 }
 
 template struct KDAStateT<float>;

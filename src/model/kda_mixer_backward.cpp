@@ -39,7 +39,7 @@ void kda_mixer_backward(R* dx, const KDAGradsT<R>& gr, const R* dout, const KDAS
   K3_ASSERT(T == sv.T, "kda_mixer_backward: T differs from the saved forward's");
   if (T == 0) return;
   K3_ASSERT(int64_t(sv.x.size()) >= T * d && int64_t(sv.o.size()) >= T * HD &&
-                int64_t(sv.S0.size()) == H * D * D && int64_t(sv.conv_q0.size()) == HD * (K - 1),
+                int64_t(sv.S0.size()) >= H * D * D && int64_t(sv.conv_q0.size()) >= HD * (K - 1),
             "kda_mixer_backward: saved activations not sized for these dims");
   s.ensure_backward(T, dims);
   const R* x = sv.x.data();
@@ -49,13 +49,16 @@ void kda_mixer_backward(R* dx, const KDAGradsT<R>& gr, const R* dout, const KDAS
   R* dgate = s.dgate.data();
 
   // Recompute o_normed = RMSNorm_head(o) * o_norm (saved 1/rms) and y = o_normed * sigmoid(gate).
+#pragma omp parallel for schedule(static) if (T * HD > 65536)
   for (int64_t r = 0; r < T * H; ++r)
     for (int64_t i = 0; i < D; ++i) on[r * D + i] = sv.o[r * D + i] * sv.o_rstd[r] * w.o_norm[i];
+#pragma omp parallel for schedule(static) if (T * HD > 65536)
   for (int64_t i = 0; i < T * HD; ++i) y[i] = on[i] * sigmoid(sv.gate_lin[i]);
 
   // out = W_o y
   linear_backward<R>(dy, gr.o_proj, dout, y, w.o_proj, T, HD, d, false);
   // y = o_normed * sigmoid(gate_lin): dgate_lin = dy o_normed s (1 - s); dy becomes d o_normed.
+#pragma omp parallel for schedule(static) if (T * HD > 65536)
   for (int64_t i = 0; i < T * HD; ++i) {
     const R sg = sigmoid(sv.gate_lin[i]);
     dgate[i] = dy[i] * on[i] * sg * (R(1) - sg);
@@ -98,13 +101,14 @@ void kda_mixer_backward(R* dx, const KDAGradsT<R>& gr, const R* dout, const KDAS
     R *dconv, *dproj;
   };
   const QK qk[2] = {
-      {dq, sv.q_pre.data(), sv.q_inv.data(), nullptr, sv.q_lin.data(), w.q_conv, w.q_proj, gr.q_conv,
+      {dq, sv.q_pre.data(), sv.q_inv.data(), sv.conv_q0.data(), sv.q_lin.data(), w.q_conv, w.q_proj, gr.q_conv,
        gr.q_proj},
       {dk, sv.k_pre.data(), sv.k_inv.data(), sv.conv_k0.data(), sv.k_lin.data(), w.k_conv, w.k_proj, gr.k_conv,
        gr.k_proj},
   };
   R* act = s.q_act.data();
   for (const QK& b : qk) {
+#pragma omp parallel for schedule(static) if (T * HD > 65536)
     for (int64_t i = 0; i < T * HD; ++i) act[i] = silu(b.pre[i]);  // the L2Norm input, recomputed
     l2norm_backward<R>(s.dact.data(), b.dn, act, b.inv, T * H, D);
     shortconv_silu_backward<R>(s.dlin.data(), b.dconv, nullptr, s.dact.data(), b.pre, b.conv0, b.lin, b.convw, T,

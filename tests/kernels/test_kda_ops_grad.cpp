@@ -2,9 +2,11 @@
 // shortconv_silu_backward (kernels/shortconv.h: dx, dw, the incoming conv state; sequences
 // longer and shorter than K-1; two channel blocks) and kda_gate_backward (kernels/kda_gate.h:
 // bounded and unbounded, dz, A_log per head, dt_bias). The loss is L = sum(r * y) for a fixed
-// random r, so dL/dy = r. Parameter gradients must accumulate: they start non-zero.
+// random r, so dL/dy = r. Parameter gradients must accumulate: they start non-zero. Then
+// float == double, and threaded == one thread above the OpenMP thresholds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "common/fixture.h"
+#include "core/threads.h"
 #include "kernels/kda_gate.h"
 #include "kernels/shortconv.h"
 
@@ -161,4 +164,33 @@ TEST(KDAOpsGrad, FloatEqualsDouble) {
     close(dAf, dA, bounded ? "gate dA_log bounded" : "gate dA_log unbounded");
     close(dbf, db, bounded ? "gate ddt_bias bounded" : "gate ddt_bias unbounded");
   }
+}
+
+// Above the OpenMP thresholds (channel blocks of the conv, heads of the gate) the threaded
+// backward equals the one-thread backward exactly: each thread owns its channels / heads.
+TEST(KDAOpsGrad, ThreadedEqualsOneThread) {
+  const int64_t C = 1100, K = 4, T = 64, P = K - 1;  // T * C * K > 262144
+  auto x = randn(T * C, 1), w = randn(C * K, 2, 0.7), s0 = randn(C * P, 3), r = randn(T * C, 4);
+  std::vector<double> y(T * C), pre(T * C), st = s0;
+  shortconv_silu_forward<double>(y.data(), pre.data(), st.data(), x.data(), w.data(), T, C, K);
+  const int64_t H = 8, D = 128, Tg = 80, HD = H * D;  // Tg * HD > 65536
+  auto z = randn(Tg * HD, 5, 2.0), A = randn(H, 6, 0.5), b = randn(HD, 7), rg = randn(Tg * HD, 8);
+  auto run = [&](std::vector<double>& out) {
+    std::vector<double> dx(T * C), dw(C * K, 0.0), ds(C * P), dz(Tg * HD), dA(H, 0.0), db(HD, 0.0);
+    shortconv_silu_backward<double>(dx.data(), dw.data(), ds.data(), r.data(), pre.data(), s0.data(), x.data(),
+                                    w.data(), T, C, K);
+    kda_gate_backward<double>(dz.data(), dA.data(), db.data(), rg.data(), z.data(), A.data(), b.data(), Tg, H, D,
+                              true, -5.0);
+    out.clear();
+    for (const auto* v : {&dx, &dw, &ds, &dz, &dA, &db}) out.insert(out.end(), v->begin(), v->end());
+  };
+  const int keep = num_threads();
+  std::vector<double> threaded, serial;
+  set_num_threads(std::max(keep, 2));
+  run(threaded);
+  set_num_threads(1);
+  run(serial);
+  set_num_threads(keep);
+  ASSERT_EQ(threaded.size(), serial.size());
+  for (size_t i = 0; i < serial.size(); ++i) ASSERT_EQ(threaded[i], serial[i]) << i;
 }
