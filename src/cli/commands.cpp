@@ -9,10 +9,16 @@ namespace k3::cli {
 // Each subcommand lives in its own cmd_<name>.cpp.
 int cmd_plan(const std::vector<std::string>& args);
 int cmd_inspect(const std::vector<std::string>& args);
+int cmd_init(const std::vector<std::string>& args);
+int cmd_forward(const std::vector<std::string>& args);
+int cmd_generate(const std::vector<std::string>& args);
 
 static const Command kCommands[] = {
     {"plan", "parameter counts, memory, FLOPs and placement for a config", cmd_plan},
     {"inspect", "list a checkpoint's tensors; check them against a config", cmd_inspect},
+    {"init", "write a randomly initialised checkpoint for a config", cmd_init},
+    {"forward", "float32 logits of every position for given token ids", cmd_forward},
+    {"generate", "generate tokens from a prompt (greedy or sampled), streaming", cmd_generate},
 };
 
 const Command* find_command(const std::string& name) {

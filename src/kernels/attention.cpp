@@ -30,7 +30,8 @@ AttentionDims AttentionDims::resolved() const {
 }
 
 template <typename T>
-void attention_forward_ref(T* o, const T* q, const T* k, const T* kr, const T* v, const AttentionDims& dims) {
+void attention_forward_ref(T* o, const T* q, const T* k, const T* kr, const T* v, const AttentionDims& dims,
+                           T* lse) {
   const AttentionDims d = dims.resolved();
   K3_ASSERT(d.Dr == 0 || kr != nullptr, "attention: shared key part missing");
   const int64_t group = d.H / d.Hkv, Tk = d.P + d.Tq;
@@ -51,6 +52,7 @@ void attention_forward_ref(T* o, const T* q, const T* k, const T* kr, const T* v
       }
       T sum = 0;
       for (int64_t j = 0; j < nk; ++j) sum += (s[j] = std::exp(s[j] - mx));
+      if (lse) lse[i * d.H + h] = mx + std::log(sum);
       T* oi = o + i * d.o_tok + h * d.o_head;
       for (int64_t c = 0; c < d.Dv; ++c) oi[c] = 0;
       for (int64_t j = 0; j < nk; ++j) {
@@ -63,12 +65,12 @@ void attention_forward_ref(T* o, const T* q, const T* k, const T* kr, const T* v
 }
 
 template void attention_forward_ref<float>(float*, const float*, const float*, const float*, const float*,
-                                           const AttentionDims&);
+                                           const AttentionDims&, float*);
 template void attention_forward_ref<double>(double*, const double*, const double*, const double*, const double*,
-                                            const AttentionDims&);
+                                            const AttentionDims&, double*);
 
 void attention_forward(float* o, const float* q, const float* k, const float* kr, const float* v,
-                       const AttentionDims& dims, AttentionScratch& scratch) {
+                       const AttentionDims& dims, AttentionScratch& scratch, float* lse) {
   const AttentionDims d = dims.resolved();
   K3_ASSERT(d.Dr == 0 || kr != nullptr, "attention: shared key part missing");
   if (d.Tq == 0) return;
@@ -106,6 +108,7 @@ void attention_forward(float* o, const float* q, const float* k, const float* kr
       for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, sr[j]);
       float sum = 0;
       for (int64_t j = 0; j < valid; ++j) sum += (sr[j] = std::exp(sr[j] - mx));
+      if (lse) lse[(t0 + r / group) * d.H + g * group + r % group] = mx + std::log(sum);
       const float inv = 1.f / sum;
       for (int64_t j = 0; j < valid; ++j) sr[j] *= inv;
       for (int64_t j = valid; j < nk; ++j) sr[j] = 0.f;  // causal mask

@@ -16,4 +16,18 @@ template <typename T>
 void attn_res_forward(T* out, T* alpha, const T* const* sources, int64_t S, const T* w_norm, const T* w_proj,
                       int64_t Tn, int64_t d, double eps);
 
+// Backward of attn_res_forward, from its saved alpha [T, S]. dsources: S pointers, each
+// [T, d], ACCUMULATED (+=): the sources are streams summed into, so the caller's gradient of
+// a block or of the partial sum just grows; none may alias dout. dw_norm, dw_proj [d] (+=).
+// The two parameter vectors' gradients are kept apart (K3_REFERENCE section 2):
+//   dalpha_s = dout . src_s;  dscore_s = alpha_s (dalpha_s - sum_s' alpha_s' dalpha_s')
+//   dsrc_s  += alpha_s dout + dscore_s d score_s / d src_s
+//   dw_p    += sum dscore_s rstd_s w_n * src_s;   dw_n += sum dscore_s rstd_s w_p * src_s
+// Deterministic: rows are parallel for dsources, columns for the parameter gradients (each
+// summed over tokens and sources in order).
+template <typename T>
+void attn_res_backward(T* const* dsources, T* dw_norm, T* dw_proj, const T* dout, const T* alpha,
+                       const T* const* sources, int64_t S, const T* w_norm, const T* w_proj, int64_t Tn, int64_t d,
+                       double eps);
+
 }  // namespace k3

@@ -18,4 +18,13 @@ void linear(T* y, const T* x, const T* W, int64_t rows, int64_t in, int64_t out,
   gemm(false, true, rows, out, in, T(1), x, in, W, in, accumulate ? T(1) : T(0), y, out);
 }
 
+// Backward of `linear`: dW += dy^T x (parameter gradients accumulate); dx = dy W, or
+// dx += dy W when accumulate_dx (several consumers of x).
+template <typename T>
+void linear_backward(T* dx, T* dW, const T* dy, const T* x, const T* W, int64_t rows, int64_t in, int64_t out,
+                     bool accumulate_dx) {
+  gemm(true, false, out, in, rows, T(1), dy, out, x, in, T(1), dW, in);
+  gemm(false, false, rows, in, out, T(1), dy, out, W, in, accumulate_dx ? T(1) : T(0), dx, in);
+}
+
 }  // namespace k3

@@ -23,6 +23,8 @@
 // decay scalings, the UT forward substitution and the state itself stay f32. The C x C
 // products of the UT backward (Linv^T dLinv Linv^T) stay f32 in both modes.
 //
+// The kernels run with subnormals flushed to zero (FTZ/DAZ, each thread's MXCSR restored on
+// return): decays drive state entries through the subnormal range, where FMAs are slow.
 // Contracts: chunk is a multiple of 16 in [16, 128]; any Dk, Dv (padded to 16 inside);
 // g <= 0 expected (decay), Dense additionally g >= -5 (or close: the bound is what makes the
 // exponents safe). Outputs must not alias inputs. Gradients are assigned (not accumulated).

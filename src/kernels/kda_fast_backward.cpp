@@ -71,13 +71,15 @@ void backward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* dq
     for (int64_t d = 0; d < Dk; ++d) std::memcpy(s.dS + d * Vp, dstate_final + (h * Dk + d) * Dv, size_t(Dv) * 4);
   for (int64_t c = gm.NT - 1; c >= 0; --c) {
     const int64_t t0 = c * C, n = std::min(C, gm.Tn - t0);
-    prep_chunk(gm, s, q, k, nullptr, g, beta, h, t0, n, /*need_v=*/false);
-    intra_chunk(gm, s);
-    ut_transform(gm, s);
-    const float *S0 = ws.state_at(h, c), *R = ws.r_at(h, c), *Vq = ws.vp_at(h, c);
+    prep_chunk(gm, s, q, k, nullptr, g, beta, h, t0, n, /*need_v=*/false, /*keep_factors=*/true);
+    // Akk, Aqk as the forward computed them (saved), the UT transform redone (cheap)
+    const float *S0 = ws.state_at(h, c), *R = ws.r_at(h, c), *Vq = ws.vp_at(h, c), *Akk = ws.akk_at(h, c),
+                *Aqk = ws.aqk_at(h, c);
+    ut_transform(gm, s, Akk);
     if (c > 0) {  // the previous chunk's saved state, R and V' come next: start fetching them
       prefetch_floats(ws.state_at(h, c - 1), Kp * Vp);
       prefetch_floats(ws.r_at(h, c - 1), 2 * C * Vp);
+      prefetch_floats(ws.akk_at(h, c - 1), 2 * C * C);
     }
     float* dS = s.dS;
     float* dO = s.G2 + C * Vp;  // G2 = [-dR ; dO]
@@ -94,7 +96,7 @@ void backward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* dq
     const BOp bdO = b_op(bf, dO, Vp, false, C, Vp, s.hb2 + C * Vp);  // the dO half of [-dR ; dO]
     mm(s.dVp, Vp, a_op(bf, s.Kd, Kp, false, C, Kp, s.ha), b_op(bf, dS, Vp, false, Kp, Vp, s.hb1), C, Vp, Kp, 1.f,
        false);
-    mm(s.dVp, Vp, a_op(bf, s.Aqk, C, true, C, C, s.ha), bdO, C, Vp, C, 1.f, true, Tri::Upper);
+    mm(s.dVp, Vp, a_op(bf, Aqk, C, true, C, C, s.ha), bdO, C, Vp, C, 1.f, true, Tri::Upper);
     // V' = Tm R:  dR = Tm^T dV'  (stored negated in G2: R = V - K E S0 then reads as + below)
     mm(s.G2, Vp, a_op(bf, s.Tm, C, true, C, C, s.ha), b_op(bf, s.dVp, Vp, false, C, Vp, s.hb1), C, Vp, C, -1.f,
        false, Tri::Upper);
@@ -148,7 +150,7 @@ void backward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* dq
       for (int64_t r = 0; r < kTile; ++r) {
         const int64_t i = I * kTile + r;
         float *dkk = s.dAA + (I * 2 * kTile + r) * C, *dqk = dkk + kTile * C;
-        const float *dl = s.dL + i * C, *akk = s.Akk + i * C, *aq = s.dAqk + i * C;
+        const float *dl = s.dL + i * C, *akk = Akk + i * C, *aq = s.dAqk + i * C;
         float db = 0;
         for (int64_t j = 0; j < i; ++j) {
           dkk[j] = s.beta[i] * dl[j];
@@ -262,6 +264,7 @@ void kda_chunk_fast_backward(float* dq, float* dk, float* dv, float* dg, float* 
     W.prepare_saved(gm);
 #pragma omp parallel
     {
+      FlushDenormals ftz;
       Scratch& s = W.threads[omp_get_thread_num()];
 #pragma omp for schedule(static)
       for (int64_t h = 0; h < H; ++h) forward_head(gm, s, W, nullptr, state0, nullptr, q, k, v, g, beta, h, true);
@@ -270,6 +273,7 @@ void kda_chunk_fast_backward(float* dq, float* dk, float* dv, float* dg, float* 
   }
 #pragma omp parallel
   {
+    FlushDenormals ftz;
     Scratch& s = W.threads[omp_get_thread_num()];
 #pragma omp for schedule(static)
     for (int64_t h = 0; h < H; ++h)

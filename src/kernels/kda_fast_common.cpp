@@ -58,12 +58,12 @@ void Scratch::carve(const Geom& g) {
   float** cc[] = {&Akk, &Aqk, &Linv, &Tm, &dT, &dAqk, &dLinv, &M1, &dL, &LT};
   float** cv[] = {&V, &R, &Vp, &dVp};
   float** kv[] = {&S, &dS, &dSn};
-  // bf16 operand buffers, in uint16 units: A up to 2C x Dkp (or its transpose), B up to
-  // max(Dkp x Dvp, 2C x Dvp, Dkp x C, C x C) plus a pad pair-row.
-  const int64_t HA = std::max({2 * CK, CC, 32 * Kp}), HB = std::max({KV, 2 * CV, CK, CC}) + 2 * std::max(Kp, g.Dvp);
+  // bf16 operand buffers, in uint16 units: A up to 2C x max(Dkp, Dvp) (or its transpose), B up
+  // to max(Dkp x Dvp, 2C x Dvp, Dkp x C, C x C) plus a pad pair-row.
+  const int64_t HA = std::max({2 * CK, 2 * CV, CC, 32 * Kp}), HB = std::max({KV, 2 * CV, CK, CC}) + 2 * std::max(Kp, g.Dvp);
   size_t nf = 14 * CK + 4 * 2 * CK + 10 * CC + 4 * CV + 3 * KV;
   nf += 2 * CV + 2 * CV + TBn + 2 * C * C;  // P, G2, TB, dAA
-  nf += 32 * Kp + 3 * Kp + 32 * C + Kp + 2 * C + 64;  // Asc, f, El, dEl, Ct, vec, beta, dbeta, slack
+  nf += 36 * Kp + 3 * Kp + 32 * C + Kp + 2 * C + 64;  // Asc, f, El, dEl, Ct, vec, beta, dbeta, slack
   const size_t nh = HA + 2 * HB + (CK + 2 * Kp) + (2 * CK + 2 * Kp);
   // every buffer starts on a 64-byte boundary
   const size_t nbuf = 64;
@@ -82,7 +82,7 @@ void Scratch::carve(const Geom& g) {
   for (auto pp : cv) *pp = tf(CV);
   for (auto pp : kv) *pp = tf(KV);
   P = tf(2 * CV), G2 = tf(2 * CV), TB = tf(TBn), dAA = tf(2 * C * C);
-  Asc = tf(32 * Kp), f = tf(Kp), El = tf(Kp), dEl = tf(Kp), Ct = tf(32 * C), vec = tf(Kp), beta = tf(C),
+  tmp = tf(4 * Kp), Asc = tf(32 * Kp), f = tf(Kp), El = tf(Kp), dEl = tf(Kp), Ct = tf(32 * C), vec = tf(Kp), beta = tf(C),
   dbeta = tf(C);
   ha = th(HA), hb1 = th(HB), hb2 = th(HB), hY = th(CK + 2 * Kp), hXQ = th(2 * CK + 2 * Kp);
   K3_ASSERT(size_t(p - mem.as<char>()) <= mem.bytes(), "kda fast: scratch carve overflow");
@@ -159,23 +159,23 @@ inline void gather_row(float* __restrict Qi, float* __restrict Ki, float* __rest
 }  // namespace
 
 void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, const float* v, const float* g,
-                const float* beta, int64_t h, int64_t t0, int64_t n, bool need_v) {
+                const float* beta, int64_t h, int64_t t0, int64_t n, bool need_v, bool keep_factors) {
+  constexpr int64_t kAhead = 8;
   const int64_t C = gm.C, Dk = gm.Dk, Dv = gm.Dv, Kp = gm.Dkp, Vp = gm.Dvp, H = gm.H;
   const int64_t ldk = H * Dk, ldv = H * Dv;
   const float sc = gm.scale;
   for (int64_t i = 0; i < C; ++i) {
     float *Qi = s.Q + i * Kp, *Ki = s.K + i * Kp, *Gi = s.G + i * Kp;
     const float* Gp = i ? Gi - Kp : nullptr;
-    if (t0 + C + i < gm.Tn) {
-      // The rows are strided by H*D: prefetch the next chunk's row i while this one is built.
-      const int64_t tn = t0 + C + i;
+    if (i + kAhead < n) {  // rows are strided by H*D: fetch a few rows ahead into L1
+      const int64_t ta = t0 + i + kAhead;
       for (int64_t c = 0; c < Dk; c += 16) {
-        __builtin_prefetch(q + tn * ldk + h * Dk + c, 0, 2);  // to L2: a chunk of rows overflows L1
-        __builtin_prefetch(k + tn * ldk + h * Dk + c, 0, 2);
-        __builtin_prefetch(g + tn * ldk + h * Dk + c, 0, 2);
+        __builtin_prefetch(q + ta * ldk + h * Dk + c);
+        __builtin_prefetch(k + ta * ldk + h * Dk + c);
+        __builtin_prefetch(g + ta * ldk + h * Dk + c);
       }
       if (need_v)
-        for (int64_t c = 0; c < Dv; c += 16) __builtin_prefetch(v + tn * ldv + h * Dv + c, 0, 2);
+        for (int64_t c = 0; c < Dv; c += 16) __builtin_prefetch(v + ta * ldv + h * Dv + c);
     }
     if (i < n) {
       const float* gi = g + (t0 + i) * ldk + h * Dk;
@@ -202,51 +202,49 @@ void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, cons
       s.beta[i] = 0.f;
     }
   }
+  // Second pass, row by row (G_last and the anchors are known now): decay factors, kept
+  // only when the backward needs them, and the scaled operands.
   const float* Gl = s.G + (C - 1) * Kp;
   vexp(s.El, Gl, Kp);
-  float* t = s.vec;
   for (int64_t i = 0; i < C; ++i) {
-    const float *Gi = s.G + i * Kp, *Qi = s.Q + i * Kp, *Ki = s.K + i * Kp;
-    float *E = s.E + i * Kp, *Edl = s.Edl + i * Kp;
-    vexp(E, Gi, Kp);
-#pragma omp simd
-    for (int64_t c = 0; c < Kp; ++c) t[c] = Gl[c] - Gi[c];
-    vexp(Edl, t, Kp);
+    const int64_t I = i / kTile, il = i % kTile, r = anchor_row(gm, I), cc = anchor_col(gm, I);
+    const float *Gi = s.G + i * Kp, *Qi = s.Q + i * Kp, *Ki = s.K + i * Kp, *Gc = s.G + cc * Kp;
+    const float* Gr = r >= 0 ? s.G + r * Kp : nullptr;  // r = -1: the chunk start, G = 0
+    float* E = keep_factors ? s.E + i * Kp : nullptr;
+    float* Edl = keep_factors ? s.Edl + i * Kp : nullptr;
+    float* Ex = keep_factors ? s.Ex + i * Kp : nullptr;
+    float* Ey = keep_factors ? s.Ey + i * Kp : nullptr;
+    // K E, Q E, K e^(G_last - G);  anchored X = K e^(G - G_r), Qx = Q e^(G - G_r), Y = K e^(G_c - G)
     float *Ke = s.KQe + i * Kp, *Qe = s.KQe + (C + i) * Kp, *Kd = s.Kd + i * Kp;
-#pragma omp simd
+    float *X = s.XQ + (I * 2 * kTile + il) * Kp, *Qx = X + kTile * Kp, *Y = s.Y + i * Kp;
+#if defined(__AVX512F__)
+    for (int64_t c = 0; c < Kp; c += 16) {  // Kp is a multiple of 16
+      const __m512 g = _mm512_loadu_ps(Gi + c), kk = _mm512_loadu_ps(Ki + c), qq = _mm512_loadu_ps(Qi + c);
+      const __m512 e = exp512(g), edl = exp512(_mm512_sub_ps(_mm512_loadu_ps(Gl + c), g));
+      const __m512 ex = Gr ? exp512(_mm512_sub_ps(g, _mm512_loadu_ps(Gr + c))) : e;
+      const __m512 ey = exp512(_mm512_sub_ps(_mm512_loadu_ps(Gc + c), g));
+      _mm512_storeu_ps(Ke + c, _mm512_mul_ps(kk, e));
+      _mm512_storeu_ps(Qe + c, _mm512_mul_ps(qq, e));
+      _mm512_storeu_ps(Kd + c, _mm512_mul_ps(kk, edl));
+      _mm512_storeu_ps(X + c, _mm512_mul_ps(kk, ex));
+      _mm512_storeu_ps(Qx + c, _mm512_mul_ps(qq, ex));
+      _mm512_storeu_ps(Y + c, _mm512_mul_ps(kk, ey));
+      if (keep_factors) {
+        _mm512_storeu_ps(E + c, e);
+        _mm512_storeu_ps(Edl + c, edl);
+        _mm512_storeu_ps(Ex + c, ex);
+        _mm512_storeu_ps(Ey + c, ey);
+      }
+    }
+#else
     for (int64_t c = 0; c < Kp; ++c) {
-      Ke[c] = Ki[c] * E[c];
-      Qe[c] = Qi[c] * E[c];
-      Kd[c] = Ki[c] * Edl[c];
+      const float e = std::exp(Gi[c]), edl = std::exp(Gl[c] - Gi[c]), ex = Gr ? std::exp(Gi[c] - Gr[c]) : e,
+                  ey = std::exp(Gc[c] - Gi[c]);
+      Ke[c] = Ki[c] * e, Qe[c] = Qi[c] * e, Kd[c] = Ki[c] * edl;
+      X[c] = Ki[c] * ex, Qx[c] = Qi[c] * ex, Y[c] = Ki[c] * ey;
+      if (keep_factors) E[c] = e, Edl[c] = edl, Ex[c] = ex, Ey[c] = ey;
     }
-  }
-  // Anchored tile operands: X = K e^(G - G_r), Qx = Q e^(G - G_r), Y = K e^(G_c - G).
-  for (int64_t I = 0; I < gm.NB; ++I) {
-    const int64_t r = anchor_row(gm, I), cc = anchor_col(gm, I);
-    for (int64_t il = 0; il < kTile; ++il) {
-      const int64_t i = I * kTile + il;
-      const float *Gi = s.G + i * Kp, *Qi = s.Q + i * Kp, *Ki = s.K + i * Kp, *Gc = s.G + cc * Kp;
-      float *Ex = s.Ex + i * Kp, *Ey = s.Ey + i * Kp;
-      if (r >= 0) {
-        const float* Gr = s.G + r * Kp;
-#pragma omp simd
-        for (int64_t c = 0; c < Kp; ++c) t[c] = Gi[c] - Gr[c];
-      } else {
-#pragma omp simd
-        for (int64_t c = 0; c < Kp; ++c) t[c] = Gi[c];
-      }
-      vexp(Ex, t, Kp);
-#pragma omp simd
-      for (int64_t c = 0; c < Kp; ++c) t[c] = Gc[c] - Gi[c];
-      vexp(Ey, t, Kp);
-      float *X = s.XQ + (I * 2 * kTile + il) * Kp, *Qx = X + kTile * Kp, *Y = s.Y + i * Kp;
-#pragma omp simd
-      for (int64_t c = 0; c < Kp; ++c) {
-        X[c] = Ki[c] * Ex[c];
-        Qx[c] = Qi[c] * Ex[c];
-        Y[c] = Ki[c] * Ey[c];
-      }
-    }
+#endif
   }
 }
 
@@ -351,18 +349,18 @@ void ut_rows(float* Linv, const float* Akk, const float* beta, int64_t C) {
 
 }  // namespace
 
-void ut_transform(const Geom& gm, Scratch& s) {
+void ut_transform(const Geom& gm, Scratch& s, const float* Akk) {
   const int64_t C = gm.C;
 #if defined(__AVX512F__)
   switch (C / 16) {
-    case 1: ut_rows<1>(s.Linv, s.Akk, s.beta, C); break;
-    case 2: ut_rows<2>(s.Linv, s.Akk, s.beta, C); break;
-    case 3: ut_rows<3>(s.Linv, s.Akk, s.beta, C); break;
-    case 4: ut_rows<4>(s.Linv, s.Akk, s.beta, C); break;
-    case 5: ut_rows<5>(s.Linv, s.Akk, s.beta, C); break;
-    case 6: ut_rows<6>(s.Linv, s.Akk, s.beta, C); break;
-    case 7: ut_rows<7>(s.Linv, s.Akk, s.beta, C); break;
-    default: ut_rows<8>(s.Linv, s.Akk, s.beta, C); break;
+    case 1: ut_rows<1>(s.Linv, Akk, s.beta, C); break;
+    case 2: ut_rows<2>(s.Linv, Akk, s.beta, C); break;
+    case 3: ut_rows<3>(s.Linv, Akk, s.beta, C); break;
+    case 4: ut_rows<4>(s.Linv, Akk, s.beta, C); break;
+    case 5: ut_rows<5>(s.Linv, Akk, s.beta, C); break;
+    case 6: ut_rows<6>(s.Linv, Akk, s.beta, C); break;
+    case 7: ut_rows<7>(s.Linv, Akk, s.beta, C); break;
+    default: ut_rows<8>(s.Linv, Akk, s.beta, C); break;
   }
 #else
   std::memset(s.Linv, 0, size_t(C * C) * 4);
@@ -372,7 +370,7 @@ void ut_transform(const Geom& gm, Scratch& s) {
     const float bi = s.beta[i];
     // row_i = e_i - beta_i sum_{j<i} Akk[i,j] row_j   (rows j are zero beyond column j)
     for (int64_t j = 0; j < i; ++j) {
-      const float c = -bi * s.Akk[i * C + j];
+      const float c = -bi * Akk[i * C + j];
       const float* rj = s.Linv + j * C;
       for (int64_t m = 0; m <= j; ++m) row[m] += c * rj[m];
     }
@@ -456,7 +454,7 @@ KDAWorkspace::KDAWorkspace(KDAWorkspace&&) noexcept = default;
 KDAWorkspace& KDAWorkspace::operator=(KDAWorkspace&&) noexcept = default;
 bool KDAWorkspace::has_saved() const { return impl_->saved; }
 size_t KDAWorkspace::bytes() const {
-  size_t n = impl_->states.bytes() + impl_->rv.bytes();
+  size_t n = impl_->states.bytes() + impl_->rv.bytes() + impl_->aa.bytes();
   for (auto& t : impl_->threads) n += t.mem.bytes();
   return n;
 }
@@ -472,6 +470,7 @@ void KDAWorkspace::Impl::prepare_saved(const kda_fast::Geom& g) {
   saved_geom = g;
   states.reserve(size_t(g.H * g.NT * g.Dkp * g.Dvp) * 4);
   rv.reserve(size_t(g.H * g.NT * 2 * g.C * g.Dvp) * 4);
+  aa.reserve(size_t(g.H * g.NT * 2 * g.C * g.C) * 4);
 }
 
 double kda_chunk_fast_flops(int64_t Tn, int64_t H, int64_t Dk, int64_t Dv, int64_t chunk, bool backward) {

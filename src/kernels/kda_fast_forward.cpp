@@ -29,10 +29,14 @@ void forward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* o, 
     for (int64_t d = 0; d < Dk; ++d) std::memcpy(S + d * Vp, state_in + (h * Dk + d) * Dv, size_t(Dv) * 4);
   for (int64_t c = 0; c < gm.NT; ++c) {
     const int64_t t0 = c * C, n = std::min(C, gm.Tn - t0);
-    prep_chunk(gm, s, q, k, v, g, beta, h, t0, n, /*need_v=*/true);
+    prep_chunk(gm, s, q, k, v, g, beta, h, t0, n, /*need_v=*/true, /*keep_factors=*/false);
     if (save) std::memcpy(ws.state_at(h, c), S, size_t(Kp * Vp) * 4);
     intra_chunk(gm, s);
-    ut_transform(gm, s);
+    ut_transform(gm, s, s.Akk);
+    if (save) {
+      std::memcpy(ws.akk_at(h, c), s.Akk, size_t(C * C) * 4);
+      std::memcpy(ws.aqk_at(h, c), s.Aqk, size_t(C * C) * 4);
+    }
     // P = [K E ; Q E] S: the state read by the keys (for R) and by the queries (for O).
     mm(s.P, Vp, a_op(bf, s.KQe, Kp, false, 2 * C, Kp, s.ha), b_op(bf, S, Vp, false, Kp, Vp, s.hb1), 2 * C, Vp, Kp,
        1.f, false);
@@ -76,6 +80,7 @@ void kda_chunk_fast_forward(float* o, float* state, const float* q, const float*
   if (opt.save_for_backward) W.prepare_saved(gm);
 #pragma omp parallel
   {
+    FlushDenormals ftz;
     Scratch& s = W.threads[omp_get_thread_num()];
 #pragma omp for schedule(static)
     for (int64_t h = 0; h < H; ++h) forward_head(gm, s, W, o, state, state, q, k, v, g, beta, h, opt.save_for_backward);
@@ -179,8 +184,10 @@ void kda_decode_step_fast(float* o, float* state, const float* q, const float* k
   const float sc = float(scale);
   // Threads only when there is enough state to amortise the fork (64 KB per head at D = 128).
 #pragma omp parallel for schedule(static) if (H * Dk * Dv >= (1 << 17))
-  for (int64_t h = 0; h < H; ++h)
+  for (int64_t h = 0; h < H; ++h) {
+    kda_fast::FlushDenormals ftz;
     decode_head(o + h * Dv, state + h * Dk * Dv, q + h * Dk, k + h * Dk, v + h * Dv, g + h * Dk, beta[h], Dk, Dv, sc);
+  }
 }
 
 }  // namespace k3

@@ -9,11 +9,29 @@
 #include "kernels/kda_fast.h"
 #include "kernels/matmul_bf16.h"
 
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
 namespace k3::kda_fast {
 
 constexpr int64_t kTile = 16;  // sub-tile size (K3_REFERENCE section 3)
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// Flush-to-zero and denormals-are-zero for this thread while alive (restored after). Decays of
+// e^-5 per token drive state entries through the subnormal range, where this CPU's FMAs take
+// a slow path (the decode loop runs 4x slower); values below 1.2e-38 carry no information here.
+class FlushDenormals {
+ public:
+#if defined(__SSE__)
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040u); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
 
 // 64-byte aligned, uninitialised, move-only.
 class AlignedBuf {
@@ -49,7 +67,7 @@ struct Scratch {
   float *E, *Edl, *Ga, *El;     // e^G, e^(G_last - G), e^g (Safe path): C x Dkp; El: Dkp
   float *KQe, *Kd;              // [K E ; Q E]: 2C x Dkp; K e^(G_last - G): C x Dkp
   float *XQ, *Y, *Ex, *Ey;      // per block I: [X_I ; Qx_I] (32 x Dkp), Y, anchor factors: C x Dkp
-  float *YT, *Asc, *f, *Ct, *vec;  // Y^T: Dkp x C; scaled tile operand 32 x Dkp; f: Dkp; tile 32 x 16
+  float *YT, *Asc, *f, *Ct, *vec, *tmp;  // Y^T: Dkp x C; 32 x Dkp; f: Dkp; tiles 32 x C; rows
   // chunk matrices
   float *Akk, *Aqk, *Linv, *Tm;  // C x C
   float *P, *R, *Vp, *S;         // P: 2C x Dvp ([K E S ; Q E S]); R, V': C x Dvp; S: Dkp x Dvp
@@ -70,8 +88,8 @@ namespace k3 {
 struct KDAWorkspace::Impl {
   std::vector<kda_fast::Scratch> threads;
   // Saved by a forward with save_for_backward: per head h and chunk c (padded widths),
-  // the state at the chunk start [Dkp, Dvp], R and V' [C, Dvp].
-  kda_fast::AlignedBuf states, rv;
+  // the state at the chunk start [Dkp, Dvp], R and V' [C, Dvp], Akk and Aqk [C, C].
+  kda_fast::AlignedBuf states, rv, aa;
   kda_fast::Geom saved_geom{};
   bool saved = false;
   float* state_at(int64_t h, int64_t c) {
@@ -83,6 +101,11 @@ struct KDAWorkspace::Impl {
     return rv.as<float>() + ((h * g.NT + c) * 2) * g.C * g.Dvp;
   }
   float* vp_at(int64_t h, int64_t c) { return r_at(h, c) + saved_geom.C * saved_geom.Dvp; }
+  float* akk_at(int64_t h, int64_t c) {
+    const auto& g = saved_geom;
+    return aa.as<float>() + ((h * g.NT + c) * 2) * g.C * g.C;
+  }
+  float* aqk_at(int64_t h, int64_t c) { return akk_at(h, c) + saved_geom.C * saved_geom.C; }
   void prepare_threads(const kda_fast::Geom& g);
   void prepare_saved(const kda_fast::Geom& g);
 };
@@ -101,19 +124,19 @@ inline void prefetch_floats(const float* p, int64_t n) {
 }
 
 // Loads chunk rows [t0, t0 + n) of head h into the scratch (zero rows and columns as
-// padding, g = 0 there) and forms G, E, Edl, El, KQe, Kd, anchored XQ and Y (and Ga for the
-// Safe path). need_v: also load V.
+// padding, g = 0 there) and forms G, El, KQe, Kd, anchored XQ and Y (and Ga for the Safe
+// path). need_v: also load V. keep_factors: also keep E, Edl, Ex, Ey (the backward's).
 void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, const float* v, const float* g,
-                const float* beta, int64_t h, int64_t t0, int64_t n, bool need_v);
+                const float* beta, int64_t h, int64_t t0, int64_t n, bool need_v, bool keep_factors);
 // Anchor rows of block I: row side rI, column side cI (index -1 means the chunk start, G = 0).
 inline int64_t anchor_row(const Geom& gm, int64_t I) { return gm.dense ? I * kTile + kTile / 2 : I * kTile - 1; }
 inline int64_t anchor_col(const Geom& gm, int64_t I) { return gm.dense ? I * kTile + kTile / 2 : I * kTile + kTile - 1; }
 // f[d] = e^(G[rI] - G[cJ]) for the off-diagonal tile (I, J), J < I.
 void tile_factor(const Geom& gm, const Scratch& s, int64_t I, int64_t J, float* f);
-// Akk (strict lower), Aqk (lower, diagonal included), C x C, zero above.
+// Akk (strict lower), Aqk (lower, diagonal included), C x C, zero above, into s.Akk, s.Aqk.
 void intra_chunk(const Geom& gm, Scratch& s);
-// Linv = (I + diag(beta) Akk)^-1, Tm = Linv diag(beta).
-void ut_transform(const Geom& gm, Scratch& s);
+// Linv = (I + diag(beta) Akk)^-1, Tm = Linv diag(beta) (into s.Linv, s.Tm).
+void ut_transform(const Geom& gm, Scratch& s, const float* Akk);
 
 // Product operands: f32 views, or bf16 copies packed into scratch.
 struct AOp {

@@ -13,14 +13,17 @@
 
 namespace k3 {
 
-static void check_expert(const ExpertMatrix& m, int64_t rows, int64_t cols) {
+namespace {
+
+template <typename R>
+void check_expert(const ExpertMatrixT<R>& m, int64_t rows, int64_t cols) {
   K3_ASSERT((m.f32 != nullptr) != (m.mx != nullptr), "moe: an expert matrix needs exactly one of f32 / mx");
   K3_ASSERT(m.rows == rows && m.cols == cols, "moe: expert matrix has the wrong shape");
   K3_ASSERT(!m.mx || (m.mx->rows == rows && m.mx->cols == cols), "moe: MXFP4 matrix has the wrong shape");
 }
 
 // The expert's f32 matrix: its own storage, or `buf` after dequantising the MXFP4 one.
-static const float* expert_f32(const ExpertMatrix& m, float* buf) {
+const float* expert_f32(const ExpertMatrix& m, float* buf) {
   if (m.f32) return m.f32;
   const uint8_t* p = m.mx->packed.data<uint8_t>();
   const uint8_t* s = m.mx->scales.data<uint8_t>();
@@ -28,6 +31,8 @@ static const float* expert_f32(const ExpertMatrix& m, float* buf) {
     mxfp4_decode_row(p + r * (m.cols / 2), s + r * (m.cols / 32), buf + r * m.cols, size_t(m.cols));
   return buf;
 }
+
+}  // namespace
 
 void moe_dispatch(MoEDispatch& out, const int32_t* topk_idx, int64_t Tn, int64_t k, int64_t E) {
   out.offset.assign(size_t(E + 1), 0);
@@ -50,7 +55,7 @@ void moe_dispatch(MoEDispatch& out, const int32_t* topk_idx, int64_t Tn, int64_t
 void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, const float* topk_w,
                          const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2, int64_t Tn,
                          int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
-                         MoEExpertScratch& scratch) {
+                         MoEExpertScratch& scratch, float* gu_saved, float* y_saved) {
   K3_ASSERT(k > 0, "moe: top_k must be positive");
   MoEDispatch& dp = scratch.dispatch;
   moe_dispatch(dp, topk_idx, Tn, k, E);
@@ -97,6 +102,8 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
     gemm(false, true, n, n_in, F, 1.f, act, F, W2, F, 0.f, y, n_in);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t s = dp.slot[begin + r];
+      if (gu_saved) std::memcpy(gu_saved + s * 2 * F, gu + r * 2 * F, sizeof(float) * size_t(2 * F));
+      if (y_saved) std::memcpy(y_saved + s * n_in, y + r * n_in, sizeof(float) * size_t(n_in));
       const float p = topk_w[s];
       float* dst = slots + s * n_in;
       for (int64_t c = 0; c < n_in; ++c) dst[c] = p * y[r * n_in + c];
@@ -115,47 +122,69 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
   }
 }
 
-// Row r of an expert matrix as f32: its own storage or decoded into `buf`.
-static const float* expert_row(const ExpertMatrix& m, int64_t r, float* buf) {
-  if (m.f32) return m.f32 + r * m.cols;
-  mxfp4_decode_row(m.mx->packed.data<uint8_t>() + r * (m.cols / 2), m.mx->scales.data<uint8_t>() + r * (m.cols / 32),
-                   buf, size_t(m.cols));
-  return buf;
+namespace {
+
+// Row r of an expert matrix dotted with v, in double (an MXFP4 row is decoded into `buf`).
+template <typename R>
+double row_dot(const ExpertMatrixT<R>& m, int64_t r, const double* v, float* buf) {
+  double acc = 0;
+  if (m.f32) {
+    const R* row = m.f32 + r * m.cols;
+    for (int64_t c = 0; c < m.cols; ++c) acc += double(row[c]) * v[c];
+    return acc;
+  }
+  const Mxfp4Matrix& mx = *m.mx;
+  mxfp4_decode_row(mx.packed.data<uint8_t>() + r * (m.cols / 2), mx.scales.data<uint8_t>() + r * (m.cols / 32), buf,
+                   size_t(m.cols));
+  for (int64_t c = 0; c < m.cols; ++c) acc += double(buf[c]) * v[c];
+  return acc;
 }
 
-void moe_experts_forward_reference(float* u, const float* z, const int32_t* topk_idx, const float* topk_w,
-                                   const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2,
+}  // namespace
+
+template <typename R>
+void moe_experts_forward_reference(R* u, const R* z, const int32_t* topk_idx, const R* topk_w,
+                                   const ExpertMatrixT<R>* w1, const ExpertMatrixT<R>* w3, const ExpertMatrixT<R>* w2,
                                    int64_t Tn, int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
-                                   MoEExpertScratch& scratch) {
+                                   MoEExpertScratch& scratch, R* gu_saved, R* y_saved) {
   scratch.row.resize(size_t(std::max(n_in, F)));
-  std::vector<double> act(static_cast<size_t>(F)), acc(static_cast<size_t>(n_in));
+  std::vector<double> zd(static_cast<size_t>(n_in)), act(static_cast<size_t>(F)), acc(static_cast<size_t>(n_in));
   for (int64_t t = 0; t < Tn; ++t) {
-    const float* zt = z + t * n_in;
+    for (int64_t c = 0; c < n_in; ++c) zd[c] = double(z[t * n_in + c]);
     std::fill(acc.begin(), acc.end(), 0.0);
     for (int64_t i = 0; i < k; ++i) {
-      const int64_t e = topk_idx[t * k + i];
+      const int64_t e = topk_idx[t * k + i], slot = t * k + i;
       K3_ASSERT(e >= 0 && e < E, "moe: expert index out of range");
       check_expert(w1[e], F, n_in);
       check_expert(w3[e], F, n_in);
       check_expert(w2[e], n_in, F);
       for (int64_t j = 0; j < F; ++j) {
-        double g = 0, up = 0;
-        const float* r1 = expert_row(w1[e], j, scratch.row.data());
-        for (int64_t c = 0; c < n_in; ++c) g += double(r1[c]) * zt[c];
-        const float* r3 = expert_row(w3[e], j, scratch.row.data());
-        for (int64_t c = 0; c < n_in; ++c) up += double(r3[c]) * zt[c];
+        const double g = row_dot(w1[e], j, zd.data(), scratch.row.data());
+        const double up = row_dot(w3[e], j, zd.data(), scratch.row.data());
+        if (gu_saved) {
+          gu_saved[slot * 2 * F + j] = R(g);
+          gu_saved[slot * 2 * F + F + j] = R(up);
+        }
         act[j] = situ(g, up, b1, b2);
       }
-      const double p = topk_w[t * k + i];
+      const double p = double(topk_w[slot]);
       for (int64_t c = 0; c < n_in; ++c) {
-        const float* r2 = expert_row(w2[e], c, scratch.row.data());
-        double y = 0;
-        for (int64_t j = 0; j < F; ++j) y += double(r2[j]) * act[j];
+        const double y = row_dot(w2[e], c, act.data(), scratch.row.data());
+        if (y_saved) y_saved[slot * n_in + c] = R(y);
         acc[c] += p * y;
       }
     }
-    for (int64_t c = 0; c < n_in; ++c) u[t * n_in + c] = float(acc[c]);
+    for (int64_t c = 0; c < n_in; ++c) u[t * n_in + c] = R(acc[c]);
   }
 }
+
+template void moe_experts_forward_reference<float>(float*, const float*, const int32_t*, const float*,
+                                                   const ExpertMatrix*, const ExpertMatrix*, const ExpertMatrix*,
+                                                   int64_t, int64_t, int64_t, int64_t, int64_t, double, double,
+                                                   MoEExpertScratch&, float*, float*);
+template void moe_experts_forward_reference<double>(double*, const double*, const int32_t*, const double*,
+                                                    const ExpertMatrixT<double>*, const ExpertMatrixT<double>*,
+                                                    const ExpertMatrixT<double>*, int64_t, int64_t, int64_t, int64_t,
+                                                    int64_t, double, double, MoEExpertScratch&, double*, double*);
 
 }  // namespace k3

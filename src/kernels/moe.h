@@ -10,7 +10,11 @@
 // experts run in parallel across OpenMP threads. Each expert writes p_i * E(z) into the
 // (token, slot) row of a buffer, and u[t] sums its slots in slot order, so the result does
 // not depend on the thread count or schedule. Experts without tokens are never touched.
-// Reference: per token and slot, plain matrix-vector products accumulated in double.
+// Reference: per token and slot, plain matrix-vector products accumulated in double;
+// templated on the scalar type R (float, and double for gradient checks).
+// Training: both forwards can save, per (token, slot) row t * k + i, the expert's
+// [W1 z | W3 z] and its unweighted output W2 SiTU(...); the backwards (moe_backward.cpp)
+// take them. Only f32 experts train; MXFP4 experts are inference-only.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -19,12 +23,24 @@
 
 namespace k3 {
 
-// One expert matrix [rows, cols]: exactly one of f32 (row-major) or mx is set.
-struct ExpertMatrix {
-  const float* f32 = nullptr;
+// One expert matrix [rows, cols]: exactly one of f32 (row-major, of the scalar type R: the
+// name is the float engine's) or mx is set.
+template <typename R>
+struct ExpertMatrixT {
+  const R* f32 = nullptr;
   const Mxfp4Matrix* mx = nullptr;
   int64_t rows = 0, cols = 0;
 };
+using ExpertMatrix = ExpertMatrixT<float>;
+
+// One expert's parameter gradients (accumulated, +=), shaped like its f32 matrices.
+template <typename R>
+struct ExpertGradT {
+  R* w1 = nullptr;  // [F, n_in]
+  R* w3 = nullptr;  // [F, n_in]
+  R* w2 = nullptr;  // [n_in, F]
+};
+using ExpertGrad = ExpertGradT<float>;
 
 // Assignments grouped by expert: expert e owns positions [offset[e], offset[e+1]); each
 // position names its token and its flat slot t * k + i. Within an expert, tokens ascend.
@@ -46,14 +62,39 @@ struct MoEExpertScratch {
 };
 
 // u [T, n_in] (assigned); z [T, n_in]; topk_idx, topk_w [T, k]; w1, w3, w2: E matrices each.
+// Training (optional): gu_saved [T * k, 2F] and y_saved [T * k, n_in] receive, per (token,
+// slot), [W1 z | W3 z] and W2 SiTU(W1 z, W3 z) (before the weight p).
 void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, const float* topk_w,
                          const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2, int64_t Tn,
                          int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
-                         MoEExpertScratch& scratch);
+                         MoEExpertScratch& scratch, float* gu_saved = nullptr, float* y_saved = nullptr);
 // Plain reference with the same signature (the test oracle).
-void moe_experts_forward_reference(float* u, const float* z, const int32_t* topk_idx, const float* topk_w,
-                                   const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2,
+template <typename R>
+void moe_experts_forward_reference(R* u, const R* z, const int32_t* topk_idx, const R* topk_w,
+                                   const ExpertMatrixT<R>* w1, const ExpertMatrixT<R>* w3, const ExpertMatrixT<R>* w2,
                                    int64_t Tn, int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
-                                   MoEExpertScratch& scratch);
+                                   MoEExpertScratch& scratch, R* gu_saved = nullptr, R* y_saved = nullptr);
+
+// Backward for a fixed routing. dz [T, n_in] and dtopk_w [T, k] are assigned; grads: E
+// entries, accumulated (+=), touched only for experts with tokens (those need f32 weights
+// and all three gradient pointers); du [T, n_in] is the gradient of u.
+//   y_i = W2 SiTU(W1 z, W3 z), u = sum_i p_i y_i:  dp_i = du . y_i;  dy_i = p_i du
+// Grouped path: per expert with tokens (parallel across experts), its rows are gathered and
+// dW2 += dY^T act, dact = dY W2, dW1 += dG^T Z, dW3 += dU^T Z, dZ = dG W1 + dU W3 are gemms
+// (act recomputed from the saved gu, y from y_saved); dz sums each token's slots in slot
+// order, so the result does not depend on threads.
+void moe_experts_backward(float* dz, float* dtopk_w, const ExpertGrad* grads, const float* du,
+                          const float* gu_saved, const float* y_saved, const float* z, const int32_t* topk_idx,
+                          const float* topk_w, const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2,
+                          int64_t Tn, int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
+                          MoEExpertScratch& scratch);
+// Plain reference with the same signature: per token and slot, recomputes the expert from z
+// and the weights with matrix-vector loops (gu_saved and y_saved are ignored, may be null).
+template <typename R>
+void moe_experts_backward_reference(R* dz, R* dtopk_w, const ExpertGradT<R>* grads, const R* du, const R* gu_saved,
+                                    const R* y_saved, const R* z, const int32_t* topk_idx, const R* topk_w,
+                                    const ExpertMatrixT<R>* w1, const ExpertMatrixT<R>* w3,
+                                    const ExpertMatrixT<R>* w2, int64_t Tn, int64_t n_in, int64_t F, int64_t E,
+                                    int64_t k, double b1, double b2, MoEExpertScratch& scratch);
 
 }  // namespace k3

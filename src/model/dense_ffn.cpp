@@ -1,4 +1,4 @@
-// Dense SiTU-GLU FFN (see dense_ffn.h).
+// Dense SiTU-GLU FFN, forward and backward (see dense_ffn.h).
 #include "model/dense_ffn.h"
 
 #include "kernels/activations.h"
@@ -16,9 +16,31 @@ void dense_ffn_forward(T* out, T* gu, T* act, const T* x, const T* gate, const T
   linear(out, act, down, Tn, I, d, accumulate);
 }
 
+template <typename T>
+void dense_ffn_backward(T* dx, T* dgate, T* dup, T* ddown, T* dgu, T* dact, const T* dout, const T* gu, const T* act,
+                        const T* x, const T* gate, const T* up, const T* down, int64_t Tn, int64_t d, int64_t I,
+                        double b1, double b2, bool accumulate_dx) {
+  // out = act down^T: ddown += dout^T act; dact = dout down.
+  gemm(true, false, d, I, Tn, T(1), dout, d, act, I, T(1), ddown, I);
+  gemm(false, false, Tn, I, d, T(1), dout, d, down, I, T(0), dact, I);
+  // act = SiTU(gu[:, :I], gu[:, I:])
+  situ_glu_backward(dgu, dact, gu, Tn, I, b1, b2);
+  // gu = [x gate^T | x up^T]: dgate += dgu_g^T x, dup += dgu_u^T x; dx (+)= dgu_g gate + dgu_u up.
+  gemm(true, false, I, d, Tn, T(1), dgu, 2 * I, x, d, T(1), dgate, d);
+  gemm(true, false, I, d, Tn, T(1), dgu + I, 2 * I, x, d, T(1), dup, d);
+  gemm(false, false, Tn, d, I, T(1), dgu, 2 * I, gate, d, accumulate_dx ? T(1) : T(0), dx, d);
+  gemm(false, false, Tn, d, I, T(1), dgu + I, 2 * I, up, d, T(1), dx, d);
+}
+
 template void dense_ffn_forward<float>(float*, float*, float*, const float*, const float*, const float*,
                                        const float*, int64_t, int64_t, int64_t, double, double, bool);
 template void dense_ffn_forward<double>(double*, double*, double*, const double*, const double*, const double*,
                                         const double*, int64_t, int64_t, int64_t, double, double, bool);
+template void dense_ffn_backward<float>(float*, float*, float*, float*, float*, float*, const float*, const float*,
+                                        const float*, const float*, const float*, const float*, const float*, int64_t,
+                                        int64_t, int64_t, double, double, bool);
+template void dense_ffn_backward<double>(double*, double*, double*, double*, double*, double*, const double*,
+                                         const double*, const double*, const double*, const double*, const double*,
+                                         const double*, int64_t, int64_t, int64_t, double, double, bool);
 
 }  // namespace k3

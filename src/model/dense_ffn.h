@@ -1,5 +1,5 @@
 // Dense SiTU-GLU feed-forward (layer 0 of K3, and the fused shared experts of every MoE
-// layer; K3_REFERENCE section 5): y = W_down SiTU(W_gate x, W_up x).
+// layer; K3_REFERENCE section 5): y = W_down SiTU(W_gate x, W_up x), forward and backward.
 #pragma once
 #include <cstdint>
 
@@ -11,5 +11,14 @@ namespace k3 {
 template <typename T>
 void dense_ffn_forward(T* out, T* gu, T* act, const T* x, const T* gate, const T* up, const T* down, int64_t Tn,
                        int64_t d, int64_t I, double b1, double b2, bool accumulate = false);
+
+// Backward of dense_ffn_forward from its saved gu and act (training keeps both; they are the
+// forward's "saved activations"). dx [T, d] assigned (or += if accumulate_dx: the shared
+// experts add onto the MoE block's dx); dgate, dup [I, d] and ddown [d, I] accumulated (+=);
+// dgu [T, 2I] and dact [T, I] are assigned work arrays (the gradients of gu and act).
+template <typename T>
+void dense_ffn_backward(T* dx, T* dgate, T* dup, T* ddown, T* dgu, T* dact, const T* dout, const T* gu, const T* act,
+                        const T* x, const T* gate, const T* up, const T* down, int64_t Tn, int64_t d, int64_t I,
+                        double b1, double b2, bool accumulate_dx = false);
 
 }  // namespace k3

@@ -20,17 +20,6 @@
 
 namespace k3 {
 
-namespace {
-
-// Backward of y[rows, out] = x[rows, in] W[out, in]^T:  dW += dy^T x;  dx = dy W (or += dy W).
-template <typename R>
-void linear_backward(R* dx, R* dW, const R* dy, const R* x, const R* W, int64_t rows, int64_t in, int64_t out,
-                     bool accumulate_dx) {
-  gemm(true, false, out, in, rows, R(1), dy, out, x, in, R(1), dW, in);
-  gemm(false, false, rows, in, out, R(1), dy, out, W, in, accumulate_dx ? R(1) : R(0), dx, in);
-}
-
-}  // namespace
 
 template <typename R>
 void kda_mixer_backward(R* dx, const KDAGradsT<R>& gr, const R* dout, const KDASavedT<R>& sv,

@@ -1,8 +1,10 @@
-// Gated MLA (NoPE) mixer: expanded prefill and absorbed decode (see mla_mixer.h).
+// Gated MLA (NoPE) mixer: expanded prefill (also the training forward that saves its
+// activations) and absorbed decode (see mla_mixer.h). Backward: mla_mixer_backward.cpp.
 #include "model/mla_mixer.h"
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
 #include "kernels/activations.h"
@@ -11,22 +13,44 @@
 
 namespace k3 {
 
-void MLACache::clear() {
+template <typename R>
+void MLACacheT<R>::clear() {
   c_kv.clear();
   k_rope.clear();
   n = 0;
 }
 
-void MLACache::reserve(int64_t tokens, const MLADims& dims) {
+template <typename R>
+void MLACacheT<R>::reserve(int64_t tokens, const MLADims& dims) {
   c_kv.reserve(size_t(tokens * dims.kv_lora));
   k_rope.reserve(size_t(tokens * dims.rope));
 }
 
-static void grow(std::vector<float>& v, int64_t n) {
+template <typename R>
+static void grow(std::vector<R>& v, int64_t n) {
   if (v.size() < size_t(n)) v.resize(size_t(n));
 }
 
-static void check(const MLAWeights& w, const MLADims& dm, const MLACache& cache) {
+template <typename R>
+void MLASavedT<R>::ensure(int64_t Tn, const MLADims& dm) {
+  T = Tn;
+  const int64_t Dq = dm.nope + dm.rope, A = dm.kv_lora + dm.rope, HV = dm.H * dm.v;
+  grow(x, Tn * dm.d);
+  grow(cq_raw, Tn * dm.q_lora);
+  grow(cq_rstd, Tn);
+  grow(cq, Tn * dm.q_lora);
+  grow(q, Tn * dm.H * Dq);
+  grow(kva, Tn * A);
+  grow(ckv_rstd, Tn);
+  grow(ckv, Tn * dm.kv_lora);
+  grow(kv, Tn * dm.H * (dm.nope + dm.v));
+  grow(o, Tn * HV);
+  grow(lse, Tn * dm.H);
+  if (dm.output_gate) grow(gate_lin, Tn * HV);
+}
+
+template <typename R>
+static void check(const MLAWeightsT<R>& w, const MLADims& dm, const MLACacheT<R>& cache) {
   K3_ASSERT(dm.d > 0 && dm.H > 0 && dm.q_lora > 0 && dm.kv_lora > 0 && dm.nope > 0 && dm.rope >= 0 && dm.v > 0,
             "mla: bad dimensions");
   K3_ASSERT(w.q_a_proj && w.q_a_norm && w.q_b_proj && w.kv_a_proj && w.kv_a_norm && w.kv_b_proj && w.o_proj &&
@@ -36,56 +60,57 @@ static void check(const MLAWeights& w, const MLADims& dm, const MLACache& cache)
             "mla: cache does not match its token count");
 }
 
+// Pointers of one forward call's intermediates: the saved buffers in training, else scratch.
+template <typename R>
+struct MLAActs {
+  R *cq_raw, *cq_rstd, *cq, *q, *kva, *ckv_rstd, *o, *lse, *gate;
+};
+
 // Queries q [T, H, nope + rope] = W_qb RMSNorm(W_qa x); then the new tokens' latents go into
 // the cache: c_kv = RMSNorm(W_kva x [:kv_lora]), k_rope = (W_kva x)[kv_lora:] (never rotated).
-static void project_and_append(MLACache& cache, const float* x, const MLAWeights& w, const MLADims& dm, int64_t T,
-                               MLAScratch& s) {
+template <typename R>
+static void project_and_append(MLACacheT<R>& cache, const R* x, const MLAWeightsT<R>& w, const MLADims& dm,
+                               int64_t T, const MLAActs<R>& a, R* saved_ckv) {
   const int64_t Dq = dm.nope + dm.rope, A = dm.kv_lora + dm.rope;
-  grow(s.cq_raw, T * dm.q_lora);
-  grow(s.cq, T * dm.q_lora);
-  grow(s.q, T * dm.H * Dq);
-  grow(s.kva, T * A);
-  linear(s.cq_raw.data(), x, w.q_a_proj, T, dm.d, dm.q_lora);
-  rmsnorm_forward<float>(s.cq.data(), nullptr, s.cq_raw.data(), w.q_a_norm, T, dm.q_lora, dm.rms_eps);
-  linear(s.q.data(), s.cq.data(), w.q_b_proj, T, dm.q_lora, dm.H * Dq);
-  linear(s.kva.data(), x, w.kv_a_proj, T, dm.d, A);
+  linear(a.cq_raw, x, w.q_a_proj, T, dm.d, dm.q_lora);
+  rmsnorm_forward<R>(a.cq, a.cq_rstd, a.cq_raw, w.q_a_norm, T, dm.q_lora, dm.rms_eps);
+  linear(a.q, a.cq, w.q_b_proj, T, dm.q_lora, dm.H * Dq);
+  linear(a.kva, x, w.kv_a_proj, T, dm.d, A);
   const int64_t P = cache.n;
   cache.c_kv.resize(size_t((P + T) * dm.kv_lora));
   cache.k_rope.resize(size_t((P + T) * dm.rope));
   for (int64_t t = 0; t < T; ++t) {
-    rmsnorm_forward<float>(cache.c_kv.data() + (P + t) * dm.kv_lora, nullptr, s.kva.data() + t * A, w.kv_a_norm, 1,
-                           dm.kv_lora, dm.rms_eps);
-    std::memcpy(cache.k_rope.data() + (P + t) * dm.rope, s.kva.data() + t * A + dm.kv_lora,
-                sizeof(float) * size_t(dm.rope));
+    rmsnorm_forward<R>(cache.c_kv.data() + (P + t) * dm.kv_lora, a.ckv_rstd ? a.ckv_rstd + t : nullptr,
+                       a.kva + t * A, w.kv_a_norm, 1, dm.kv_lora, dm.rms_eps);
+    std::memcpy(cache.k_rope.data() + (P + t) * dm.rope, a.kva + t * A + dm.kv_lora, sizeof(R) * size_t(dm.rope));
   }
+  if (saved_ckv) std::memcpy(saved_ckv, cache.c_kv.data() + P * dm.kv_lora, sizeof(R) * size_t(T * dm.kv_lora));
   cache.n = P + T;
 }
 
-// out = W_o (o * sigmoid(W_g x)), o = s.o [T, H * v].
-static void gate_and_project(float* out, const float* x, const MLAWeights& w, const MLADims& dm, int64_t T,
-                             MLAScratch& s) {
+// out = W_o (o * sigmoid(W_g x)), o [T, H * v]. In place on o unless y is given (training
+// keeps o and the gate logits).
+template <typename R>
+static void gate_and_project(R* out, const R* x, const MLAWeightsT<R>& w, const MLADims& dm, int64_t T, R* o,
+                             R* gate, R* y) {
   const int64_t HV = dm.H * dm.v;
+  R* src = o;
   if (dm.output_gate) {
-    grow(s.gate, T * HV);
-    linear(s.gate.data(), x, w.g_proj, T, dm.d, HV);
-    for (int64_t i = 0; i < T * HV; ++i) s.o[i] *= sigmoid(s.gate[i]);
+    linear(gate, x, w.g_proj, T, dm.d, HV);
+    if (y) {
+      for (int64_t i = 0; i < T * HV; ++i) y[i] = o[i] * sigmoid(gate[i]);
+      src = y;
+    } else {
+      for (int64_t i = 0; i < T * HV; ++i) o[i] *= sigmoid(gate[i]);
+    }
   }
-  linear(out, s.o.data(), w.o_proj, T, HV, dm.d);
+  linear(out, src, w.o_proj, T, HV, dm.d);
 }
 
 static double softmax_scale(const MLADims& dm) { return 1.0 / std::sqrt(double(dm.nope + dm.rope)); }
 
-void mla_mixer_forward(float* out, MLACache& cache, const float* x, const MLAWeights& w, const MLADims& dm,
-                       int64_t T, MLAScratch& s) {
-  check(w, dm, cache);
-  if (T == 0) return;
-  const int64_t P = cache.n;
-  project_and_append(cache, x, w, dm, T, s);
-  const int64_t Tk = P + T, KV = dm.nope + dm.v;
-  // Expand every cached latent into per-head [k_nope | v]: kv [Tk, H, nope + v].
-  grow(s.kv, Tk * dm.H * KV);
-  grow(s.o, T * dm.H * dm.v);
-  linear(s.kv.data(), cache.c_kv.data(), w.kv_b_proj, Tk, dm.kv_lora, dm.H * KV);
+AttentionDims mla_attention_dims(const MLADims& dm, int64_t T, int64_t P) {
+  const int64_t KV = dm.nope + dm.v;
   AttentionDims ad;
   ad.Tq = T;
   ad.P = P;
@@ -96,17 +121,75 @@ void mla_mixer_forward(float* out, MLACache& cache, const float* x, const MLAWei
   ad.scale = softmax_scale(dm);
   ad.k_tok = ad.v_tok = dm.H * KV;
   ad.k_head = ad.v_head = KV;
-  attention_forward(s.o.data(), s.q.data(), s.kv.data(), cache.k_rope.data(), s.kv.data() + dm.nope, ad, s.attn);
-  gate_and_project(out, x, w, dm, T, s);
+  return ad;
 }
+
+template <typename R>
+void mla_mixer_forward(R* out, MLACacheT<R>& cache, const R* x, const MLAWeightsT<R>& w, const MLADims& dm,
+                       int64_t T, MLAScratchT<R>& s, MLASavedT<R>* saved) {
+  check(w, dm, cache);
+  K3_ASSERT(!saved || cache.n == 0, "mla: a training forward (saved) must start from an empty cache");
+  if (T == 0) {
+    if (saved) saved->ensure(0, dm);
+    return;
+  }
+  const int64_t P = cache.n, Dq = dm.nope + dm.rope, A = dm.kv_lora + dm.rope, HV = dm.H * dm.v;
+  const int64_t Tk = P + T, KV = dm.nope + dm.v;
+  MLAActs<R> a{};
+  R* kv;
+  if (saved) {
+    saved->ensure(T, dm);
+    std::memcpy(saved->x.data(), x, sizeof(R) * size_t(T * dm.d));
+    a = {saved->cq_raw.data(), saved->cq_rstd.data(), saved->cq.data(), saved->q.data(), saved->kva.data(),
+         saved->ckv_rstd.data(), saved->o.data(), saved->lse.data(), dm.output_gate ? saved->gate_lin.data() : nullptr};
+    kv = saved->kv.data();
+    grow(s.y, T * HV);
+  } else {
+    grow(s.cq_raw, T * dm.q_lora);
+    grow(s.cq, T * dm.q_lora);
+    grow(s.q, T * dm.H * Dq);
+    grow(s.kva, T * A);
+    grow(s.kv, Tk * dm.H * KV);
+    grow(s.o, T * HV);
+    if (dm.output_gate) grow(s.gate, T * HV);
+    a = {s.cq_raw.data(), nullptr, s.cq.data(), s.q.data(), s.kva.data(), nullptr, s.o.data(), nullptr,
+         dm.output_gate ? s.gate.data() : nullptr};
+    kv = s.kv.data();
+  }
+  project_and_append(cache, x, w, dm, T, a, saved ? saved->ckv.data() : nullptr);
+  // Expand every cached latent into per-head [k_nope | v]: kv [Tk, H, nope + v].
+  linear(kv, cache.c_kv.data(), w.kv_b_proj, Tk, dm.kv_lora, dm.H * KV);
+  const AttentionDims ad = mla_attention_dims(dm, T, P);
+  if constexpr (std::is_same_v<R, float>)
+    attention_forward(a.o, a.q, kv, cache.k_rope.data(), kv + dm.nope, ad, s.attn, a.lse);
+  else
+    attention_forward_ref<R>(a.o, a.q, kv, cache.k_rope.data(), kv + dm.nope, ad, a.lse);
+  gate_and_project(out, x, w, dm, T, a.o, a.gate, saved ? s.y.data() : nullptr);
+}
+
+template struct MLACacheT<float>;
+template struct MLACacheT<double>;
+template struct MLASavedT<float>;
+template struct MLASavedT<double>;
+template void mla_mixer_forward<float>(float*, MLACacheT<float>&, const float*, const MLAWeightsT<float>&,
+                                       const MLADims&, int64_t, MLAScratchT<float>&, MLASavedT<float>*);
+template void mla_mixer_forward<double>(double*, MLACacheT<double>&, const double*, const MLAWeightsT<double>&,
+                                        const MLADims&, int64_t, MLAScratchT<double>&, MLASavedT<double>*);
 
 void mla_mixer_decode(float* out, MLACache& cache, const float* x, const MLAWeights& w, const MLADims& dm,
                       int64_t T, MLAScratch& s) {
   check(w, dm, cache);
   if (T == 0) return;
   const int64_t P = cache.n;
-  project_and_append(cache, x, w, dm, T, s);
   const int64_t Dq = dm.nope + dm.rope, KV = dm.nope + dm.v, L = dm.kv_lora, Da = L + dm.rope;
+  grow(s.cq_raw, T * dm.q_lora);
+  grow(s.cq, T * dm.q_lora);
+  grow(s.q, T * dm.H * Dq);
+  grow(s.kva, T * Da);
+  if (dm.output_gate) grow(s.gate, T * dm.H * dm.v);
+  const MLAActs<float> a{s.cq_raw.data(), nullptr, s.cq.data(), s.q.data(), s.kva.data(),
+                         nullptr,         nullptr, nullptr,     nullptr};
+  project_and_append<float>(cache, x, w, dm, T, a, nullptr);
   grow(s.qa, T * dm.H * Da);
   grow(s.olat, T * dm.H * L);
   grow(s.o, T * dm.H * dm.v);
@@ -137,7 +220,7 @@ void mla_mixer_decode(float* out, MLACache& cache, const float* x, const MLAWeig
   for (int64_t h = 0; h < dm.H; ++h)
     gemm(false, true, T, dm.v, L, 1.f, s.olat.data() + h * L, dm.H * L, w.kv_b_proj + (h * KV + dm.nope) * L, L, 0.f,
          s.o.data() + h * dm.v, dm.H * dm.v);
-  gate_and_project(out, x, w, dm, T, s);
+  gate_and_project<float>(out, x, w, dm, T, s.o.data(), dm.output_gate ? s.gate.data() : nullptr, nullptr);
 }
 
 }  // namespace k3

@@ -6,6 +6,8 @@
 //   o = causal softmax attention, scale (nope + rope)^-0.5, no rotation anywhere (NoPE)
 //   out = W_o (o * sigmoid(W_g x))      (the gate only if output_gate)
 // The cache holds the normed c_kv (what the fixture calls kv_latent) and the raw k_rope.
+// Backward (training, model/mla_mixer_backward.cpp): reverse mode through one full-sequence
+// forward from the activations in MLASavedT.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -14,16 +16,36 @@
 
 namespace k3 {
 
-struct MLAWeights {
-  const float *q_a_proj,  // [q_lora, d]
-      *q_a_norm,          // [q_lora]
-      *q_b_proj,          // [H * (nope + rope), q_lora]
-      *kv_a_proj,         // [kv_lora + rope, d]   kv_a_proj_with_mqa
-      *kv_a_norm,         // [kv_lora]
-      *kv_b_proj,         // [H * (nope + v), kv_lora]
-      *o_proj,            // [d, H * v]
-      *g_proj;            // [H * v, d]            (used if output_gate)
+// Templates on the scalar type R (float for inference and training, double for gradient
+// checks); MLAWeights, MLACache, MLAScratch, ... are the float instantiations. The absorbed
+// decode is float only (inference).
+template <typename R>
+struct MLAWeightsT {
+  const R *q_a_proj,  // [q_lora, d]
+      *q_a_norm,      // [q_lora]
+      *q_b_proj,      // [H * (nope + rope), q_lora]
+      *kv_a_proj,     // [kv_lora + rope, d]   kv_a_proj_with_mqa
+      *kv_a_norm,     // [kv_lora]
+      *kv_b_proj,     // [H * (nope + v), kv_lora]
+      *o_proj,        // [d, H * v]
+      *g_proj;        // [H * v, d]            (used if output_gate)
 };
+using MLAWeights = MLAWeightsT<float>;
+
+// Parameter gradients, one per MLAWeightsT field with the same shape; accumulated (+=).
+// g_proj may be null when output_gate is false.
+template <typename R>
+struct MLAGradsT {
+  R *q_a_proj,  // [q_lora, d]
+      *q_a_norm,  // [q_lora]
+      *q_b_proj,  // [H * (nope + rope), q_lora]
+      *kv_a_proj,  // [kv_lora + rope, d]
+      *kv_a_norm,  // [kv_lora]
+      *kv_b_proj,  // [H * (nope + v), kv_lora]
+      *o_proj,     // [d, H * v]
+      *g_proj;     // [H * v, d]
+};
+using MLAGrads = MLAGradsT<float>;
 
 struct MLADims {
   int64_t d, H, q_lora, kv_lora, nope, rope, v;
@@ -32,25 +54,66 @@ struct MLADims {
 };
 
 // Latent cache: one row per past token (K3_REFERENCE section 4: 512 + 64 floats per token).
-struct MLACache {
-  std::vector<float> c_kv;    // [n, kv_lora] normed
-  std::vector<float> k_rope;  // [n, rope]
+template <typename R>
+struct MLACacheT {
+  std::vector<R> c_kv;    // [n, kv_lora] normed
+  std::vector<R> k_rope;  // [n, rope]
   int64_t n = 0;
   void clear();  // n = 0, keeps capacity
   void reserve(int64_t tokens, const MLADims& dims);
 };
+using MLACache = MLACacheT<float>;
 
-// Reusable buffers (grow only).
-struct MLAScratch {
-  std::vector<float> cq_raw, cq, q, kva, kv, qa, olat, o, gate;
-  AttentionScratch attn;
+// Activations one training forward saves for mla_mixer_backward (buffers grow, never shrink).
+// Training runs whole sequences: the forward that fills this must start from an empty cache.
+template <typename R>
+struct MLASavedT {
+  int64_t T = 0;             // tokens of the saved call
+  std::vector<R> x;          // [T, d]            mixer input
+  std::vector<R> cq_raw;     // [T, q_lora]       W_qa x
+  std::vector<R> cq_rstd;    // [T]               1 / rms of cq_raw
+  std::vector<R> cq;         // [T, q_lora]       RMSNorm(cq_raw) * q_a_norm
+  std::vector<R> q;          // [T, H, nope+rope] W_qb cq
+  std::vector<R> kva;        // [T, kv_lora+rope] W_kva x  (the k_rope slice is kva[:, kv_lora:])
+  std::vector<R> ckv_rstd;   // [T]               1 / rms of kva[:, :kv_lora]
+  std::vector<R> ckv;        // [T, kv_lora]      normed c_kv
+  std::vector<R> kv;         // [T, H, nope+v]    W_kvb c_kv = [k_nope | v] per head
+  std::vector<R> o;          // [T, H*v]          attention output (before the gate)
+  std::vector<R> lse;        // [T, H]            attention log-sum-exp
+  std::vector<R> gate_lin;   // [T, H*v]          W_g x (if output_gate)
+  void ensure(int64_t T, const MLADims& dims);
 };
+using MLASaved = MLASavedT<float>;
+
+// Reusable buffers (grow only). The d* buffers are the backward's.
+template <typename R>
+struct MLAScratchT {
+  std::vector<R> cq_raw, cq, q, kva, kv, qa, olat, o, gate;
+  std::vector<R> y, dy, dgate, d_o, dq, dkv, dkr, dckv, dkva, dcq, dcq_raw;
+  AttentionScratch attn;  // float blocked attention
+};
+using MLAScratch = MLAScratchT<float>;
+
+// The expanded forward's attention geometry: T queries after P cached tokens over per-head
+// [k_nope | v] rows of kv [P + T, H, nope + v] (k at offset 0, v at offset nope) and the
+// shared k_rope [P + T, rope]; scale (nope + rope)^-0.5.
+AttentionDims mla_attention_dims(const MLADims& dims, int64_t T, int64_t P);
 
 // Prefill / chunk: appends the T new tokens' latents to the cache and attends over the cache
 // plus the new tokens (causal). K and V are re-expanded from the whole latent cache with
-// W_kvb on every call. out [T, d]; x [T, d].
-void mla_mixer_forward(float* out, MLACache& cache, const float* x, const MLAWeights& w, const MLADims& dims,
-                       int64_t T, MLAScratch& scratch);
+// W_kvb on every call. out [T, d]; x [T, d]. Float runs the blocked attention, double the
+// plain reference. With `saved` (training; the cache must be empty) the activations are
+// kept there for mla_mixer_backward.
+template <typename R>
+void mla_mixer_forward(R* out, MLACacheT<R>& cache, const R* x, const MLAWeightsT<R>& w, const MLADims& dims,
+                       int64_t T, MLAScratchT<R>& scratch, MLASavedT<R>* saved = nullptr);
+
+// Backward of the forward call that filled `saved` (same weights and dims; T == saved.T):
+// dx [T, d] assigned; every weight gradient accumulated (+=); dout [T, d]. Attention
+// backward: float the blocked recompute-from-lse path, double the plain reference.
+template <typename R>
+void mla_mixer_backward(R* dx, const MLAGradsT<R>& grads, const R* dout, const MLASavedT<R>& saved,
+                        const MLAWeightsT<R>& w, const MLADims& dims, int64_t T, MLAScratchT<R>& scratch);
 
 // Decode (T = 1 or a few tokens) with absorbed projections: W_kvb's key half is folded into
 // the query (q_nope W_uk gives a kv_lora-wide query) and its value half into the output, so

@@ -14,7 +14,15 @@
 
 namespace k3 {
 
-static void check_dims(const LatentMoEWeights& w, const LatentMoEDims& dm) {
+namespace {
+
+template <typename R>
+void grow(std::vector<R>& v, int64_t n) {
+  if (v.size() < size_t(n)) v.resize(size_t(n));
+}
+
+template <typename R>
+void check_dims(const LatentMoEWeightsT<R>& w, const LatentMoEDims& dm) {
   K3_ASSERT(dm.d > 0 && dm.l > 0 && dm.F > 0 && dm.E > 0 && dm.k > 0 && dm.k <= dm.E && dm.shared_width >= 0,
             "latent_moe: bad dimensions");
   K3_ASSERT(int64_t(w.w1.size()) == dm.E && int64_t(w.w3.size()) == dm.E && int64_t(w.w2.size()) == dm.E,
@@ -23,45 +31,80 @@ static void check_dims(const LatentMoEWeights& w, const LatentMoEDims& dm) {
   K3_ASSERT(dm.shared_width == 0 || (w.shared_w1 && w.shared_w3 && w.shared_w2), "latent_moe: missing shared weight");
 }
 
-static MoERouting& route(MoERouting* routing_out, MoEScratch& s, const float* x, const LatentMoEWeights& w,
-                         const LatentMoEDims& dm, int64_t T) {
-  MoERouting& r = routing_out ? *routing_out : s.routing;
+// Routes into saved->routing (training), else routing_out, else the scratch's.
+template <typename R>
+MoERoutingT<R>& route(MoERoutingT<R>* routing_out, LatentMoESavedT<R>* saved, MoEScratchT<R>& s, const R* x,
+                      const LatentMoEWeightsT<R>& w, const LatentMoEDims& dm, int64_t T) {
+  MoERoutingT<R>& r = saved ? saved->routing : routing_out ? *routing_out : s.routing;
   r.idx.resize(size_t(T * dm.k));
   r.weight.resize(size_t(T * dm.k));
   r.scores.resize(size_t(T * dm.E));
-  router_forward<float>(r.idx.data(), r.weight.data(), r.scores.data(), x, w.router, w.router_bias, T, dm.d, dm.E,
-                        dm.k, dm.renorm, dm.scale);
+  router_forward<R>(r.idx.data(), r.weight.data(), r.scores.data(), x, w.router, w.router_bias, T, dm.d, dm.E, dm.k,
+                    dm.renorm, dm.scale);
+  if (saved && routing_out) *routing_out = r;
   return r;
 }
 
+}  // namespace
+
+template <typename R>
+void LatentMoESavedT<R>::ensure(int64_t Tn, const LatentMoEDims& dm) {
+  T = Tn;
+  grow(x, Tn * dm.d);
+  grow(z, Tn * dm.l);
+  grow(slot_gu, Tn * dm.k * 2 * dm.F);
+  grow(slot_y, Tn * dm.k * dm.l);
+  grow(u, Tn * dm.l);
+  if (dm.use_norm) grow(u_rstd, Tn);
+  grow(shared_gu, Tn * 2 * dm.shared_width);
+  grow(shared_act, Tn * dm.shared_width);
+}
+
+template struct LatentMoESavedT<float>;
+template struct LatentMoESavedT<double>;
+
 void latent_moe_forward(float* out, const float* x, const LatentMoEWeights& w, const LatentMoEDims& dm, int64_t T,
-                        MoEScratch& s, MoERouting* routing_out) {
+                        MoEScratch& s, MoERouting* routing_out, LatentMoESaved* saved) {
   check_dims(w, dm);
+  if (saved) saved->ensure(T, dm);
   if (T == 0) return;
-  const MoERouting& r = route(routing_out, s, x, w, dm, T);
-  auto grow = [](std::vector<float>& v, int64_t n) { if (v.size() < size_t(n)) v.resize(size_t(n)); };
-  grow(s.z, T * dm.l);
-  grow(s.u, T * dm.l);
+  const MoERouting& r = route(routing_out, saved, s, x, w, dm, T);
+  float *z, *u, *u_rstd = nullptr, *gu, *act;
+  if (saved) {
+    std::copy(x, x + T * dm.d, saved->x.begin());
+    z = saved->z.data();
+    u = saved->u.data();
+    if (dm.use_norm) u_rstd = saved->u_rstd.data();
+    gu = saved->shared_gu.data();
+    act = saved->shared_act.data();
+  } else {
+    grow(s.z, T * dm.l);
+    grow(s.u, T * dm.l);
+    grow(s.gu, T * 2 * dm.shared_width);
+    grow(s.act, T * dm.shared_width);
+    z = s.z.data(), u = s.u.data(), gu = s.gu.data(), act = s.act.data();
+  }
   grow(s.un, T * dm.l);
-  linear(s.z.data(), x, w.down, T, dm.d, dm.l);  // z = W_down x
-  moe_experts_forward(s.u.data(), s.z.data(), r.idx.data(), r.weight.data(), w.w1.data(), w.w3.data(), w.w2.data(),
-                      T, dm.l, dm.F, dm.E, dm.k, dm.situ_b1, dm.situ_b2, s.experts);
-  const float* un = s.u.data();
+  linear(z, x, w.down, T, dm.d, dm.l);  // z = W_down x
+  moe_experts_forward(u, z, r.idx.data(), r.weight.data(), w.w1.data(), w.w3.data(), w.w2.data(), T, dm.l, dm.F,
+                      dm.E, dm.k, dm.situ_b1, dm.situ_b2, s.experts, saved ? saved->slot_gu.data() : nullptr,
+                      saved ? saved->slot_y.data() : nullptr);
+  const float* un = u;
   if (dm.use_norm) {
-    rmsnorm_forward<float>(s.un.data(), nullptr, s.u.data(), w.latent_norm, T, dm.l, dm.rms_eps);
+    rmsnorm_forward<float>(s.un.data(), u_rstd, u, w.latent_norm, T, dm.l, dm.rms_eps);
     un = s.un.data();
   }
   linear(out, un, w.up, T, dm.l, dm.d);  // W_up RMSNorm(u)
-  if (dm.shared_width > 0) {
-    grow(s.gu, T * 2 * dm.shared_width);
-    grow(s.act, T * dm.shared_width);
-    dense_ffn_forward<float>(out, s.gu.data(), s.act.data(), x, w.shared_w1, w.shared_w3, w.shared_w2, T, dm.d,
-                             dm.shared_width, dm.situ_b1, dm.situ_b2, /*accumulate=*/true);
-  }
+  if (dm.shared_width > 0)
+    dense_ffn_forward<float>(out, gu, act, x, w.shared_w1, w.shared_w3, w.shared_w2, T, dm.d, dm.shared_width,
+                             dm.situ_b1, dm.situ_b2, /*accumulate=*/true);
 }
 
-// y[r] = W[r, :] . x in double (W [rows, cols] f32).
-static void matvec(double* y, const float* W, const double* x, int64_t rows, int64_t cols) {
+namespace {
+
+// y[r] = W[r, :] . x in double (W [rows, cols]).
+template <typename R>
+void matvec(double* y, const R* W, const double* x, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     double acc = 0;
     for (int64_t c = 0; c < cols; ++c) acc += double(W[r * cols + c]) * x[c];
@@ -69,41 +112,66 @@ static void matvec(double* y, const float* W, const double* x, int64_t rows, int
   }
 }
 
-void latent_moe_forward_dense_reference(float* out, const float* x, const LatentMoEWeights& w,
-                                        const LatentMoEDims& dm, int64_t T, MoEScratch& s, MoERouting* routing_out) {
+}  // namespace
+
+template <typename R>
+void latent_moe_forward_dense_reference(R* out, const R* x, const LatentMoEWeightsT<R>& w, const LatentMoEDims& dm,
+                                        int64_t T, MoEScratchT<R>& s, MoERoutingT<R>* routing_out,
+                                        LatentMoESavedT<R>* saved) {
   check_dims(w, dm);
+  if (saved) saved->ensure(T, dm);
   if (T == 0) return;
-  // Routing goes through the same float router as the fast path, so near-ties select the
-  // same experts in both (the router has its own fixture test).
-  const MoERouting& r = route(routing_out, s, x, w, dm, T);
-  const int64_t d = dm.d, l = dm.l, SF = dm.shared_width;
+  // Routing goes through the same router as the fast path, so near-ties select the same
+  // experts in both (the router has its own fixture test).
+  const MoERoutingT<R>& r = route(routing_out, saved, s, x, w, dm, T);
+  const int64_t d = dm.d, l = dm.l, SF = dm.shared_width, k = dm.k, F = dm.F;
   std::vector<double> xd(d), z(l), zf(l), y(d), g(std::max(SF, int64_t(1))), up(g.size()), a(g.size()), sh(d);
-  std::vector<float> zt(l), ut(l);
+  std::vector<R> zt(l), ut(l);
+  if (saved) std::copy(x, x + T * d, saved->x.begin());
   for (int64_t t = 0; t < T; ++t) {
-    for (int64_t c = 0; c < d; ++c) xd[c] = x[t * d + c];
+    for (int64_t c = 0; c < d; ++c) xd[c] = double(x[t * d + c]);
     matvec(z.data(), w.down, xd.data(), l, d);
-    for (int64_t c = 0; c < l; ++c) zt[c] = float(z[c]);
+    for (int64_t c = 0; c < l; ++c) zt[c] = R(z[c]);
     // Routed experts on this one token (plain matrix-vector products, double accumulation).
-    moe_experts_forward_reference(ut.data(), zt.data(), r.idx.data() + t * dm.k, r.weight.data() + t * dm.k,
-                                  w.w1.data(), w.w3.data(), w.w2.data(), 1, l, dm.F, dm.E, dm.k, dm.situ_b1,
-                                  dm.situ_b2, s.experts);
+    moe_experts_forward_reference<R>(ut.data(), zt.data(), r.idx.data() + t * k, r.weight.data() + t * k,
+                                     w.w1.data(), w.w3.data(), w.w2.data(), 1, l, F, dm.E, k, dm.situ_b1, dm.situ_b2,
+                                     s.experts, saved ? saved->slot_gu.data() + t * k * 2 * F : nullptr,
+                                     saved ? saved->slot_y.data() + t * k * l : nullptr);
     double rs = 1;
     if (dm.use_norm) {
       double ss = 0;
-      for (int64_t c = 0; c < l; ++c) ss += double(ut[c]) * ut[c];
+      for (int64_t c = 0; c < l; ++c) ss += double(ut[c]) * double(ut[c]);
       rs = 1 / std::sqrt(ss / double(l) + dm.rms_eps);
     }
-    for (int64_t c = 0; c < l; ++c) zf[c] = ut[c] * rs * (dm.use_norm ? double(w.latent_norm[c]) : 1.0);
+    if (saved) {
+      std::copy(zt.begin(), zt.end(), saved->z.begin() + t * l);
+      std::copy(ut.begin(), ut.end(), saved->u.begin() + t * l);
+      if (dm.use_norm) saved->u_rstd[t] = R(rs);
+    }
+    for (int64_t c = 0; c < l; ++c) zf[c] = double(ut[c]) * rs * (dm.use_norm ? double(w.latent_norm[c]) : 1.0);
     matvec(y.data(), w.up, zf.data(), d, l);
     if (SF > 0) {
       matvec(g.data(), w.shared_w1, xd.data(), SF, d);
       matvec(up.data(), w.shared_w3, xd.data(), SF, d);
       for (int64_t j = 0; j < SF; ++j) a[j] = situ(g[j], up[j], dm.situ_b1, dm.situ_b2);
+      if (saved)
+        for (int64_t j = 0; j < SF; ++j) {
+          saved->shared_gu[t * 2 * SF + j] = R(g[j]);
+          saved->shared_gu[t * 2 * SF + SF + j] = R(up[j]);
+          saved->shared_act[t * SF + j] = R(a[j]);
+        }
       matvec(sh.data(), w.shared_w2, a.data(), d, SF);
       for (int64_t c = 0; c < d; ++c) y[c] += sh[c];
     }
-    for (int64_t c = 0; c < d; ++c) out[t * d + c] = float(y[c]);
+    for (int64_t c = 0; c < d; ++c) out[t * d + c] = R(y[c]);
   }
 }
+
+template void latent_moe_forward_dense_reference<float>(float*, const float*, const LatentMoEWeightsT<float>&,
+                                                        const LatentMoEDims&, int64_t, MoEScratchT<float>&,
+                                                        MoERoutingT<float>*, LatentMoESavedT<float>*);
+template void latent_moe_forward_dense_reference<double>(double*, const double*, const LatentMoEWeightsT<double>&,
+                                                         const LatentMoEDims&, int64_t, MoEScratchT<double>&,
+                                                         MoERoutingT<double>*, LatentMoESavedT<double>*);
 
 }  // namespace k3

@@ -6,7 +6,8 @@
 //   y = W_up RMSNorm(u) + W2s SiTU(W1s x, W3s x)   (RMSNorm only if use_norm; shared width S*F)
 // latent_moe_forward runs the routed experts grouped by expert (kernels/moe.h);
 // latent_moe_forward_dense_reference loops every token over its experts with plain
-// matrix-vector products accumulated in double, and is the test oracle.
+// matrix-vector products accumulated in double, and is the test oracle. Backward:
+// model/moe_block_backward.cpp.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -15,17 +16,37 @@
 
 namespace k3 {
 
-struct LatentMoEWeights {
-  const float* router;       // [E, d]   gate.weight
-  const float* router_bias;  // [E]      gate.e_score_correction_bias (may be null)
-  const float* down;         // [l, d]   routed_expert_down_proj
-  const float* up;           // [d, l]   routed_expert_up_proj
-  const float* latent_norm;  // [l]      routed_expert_norm (used if use_norm)
-  const float* shared_w1;    // [S*F, d] shared_experts.gate_proj (null if shared_width == 0)
-  const float* shared_w3;    // [S*F, d] shared_experts.up_proj
-  const float* shared_w2;    // [d, S*F] shared_experts.down_proj
-  std::vector<ExpertMatrix> w1, w3, w2;  // E each: w1, w3 [F, l]; w2 [l, F]
+// Templates on the scalar type R: the dense reference forward and backward run in double for
+// gradient checks; the grouped paths are float. LatentMoEWeights, MoEScratch, ... are the
+// float instantiations.
+template <typename R>
+struct LatentMoEWeightsT {
+  const R* router;       // [E, d]   gate.weight
+  const R* router_bias;  // [E]      gate.e_score_correction_bias (may be null; selection only)
+  const R* down;         // [l, d]   routed_expert_down_proj
+  const R* up;           // [d, l]   routed_expert_up_proj
+  const R* latent_norm;  // [l]      routed_expert_norm (used if use_norm)
+  const R* shared_w1;    // [S*F, d] shared_experts.gate_proj (null if shared_width == 0)
+  const R* shared_w3;    // [S*F, d] shared_experts.up_proj
+  const R* shared_w2;    // [d, S*F] shared_experts.down_proj
+  std::vector<ExpertMatrixT<R>> w1, w3, w2;  // E each: w1, w3 [F, l]; w2 [l, F]
 };
+using LatentMoEWeights = LatentMoEWeightsT<float>;
+
+// Parameter gradients (accumulated, +=), shaped like the weights. The router bias has none.
+// experts: E entries; only experts that received tokens are touched (f32 experts only).
+template <typename R>
+struct LatentMoEGradsT {
+  R* router;       // [E, d]
+  R* down;         // [l, d]
+  R* up;           // [d, l]
+  R* latent_norm;  // [l]      (if use_norm)
+  R* shared_w1;    // [S*F, d] (if shared_width > 0)
+  R* shared_w3;    // [S*F, d]
+  R* shared_w2;    // [d, S*F]
+  std::vector<ExpertGradT<R>> experts;  // E: w1, w3 [F, l]; w2 [l, F]
+};
+using LatentMoEGrads = LatentMoEGradsT<float>;
 
 struct LatentMoEDims {
   int64_t d, l, F, E, k, shared_width;  // shared_width = num_shared_experts * F (0: none)
@@ -34,24 +55,69 @@ struct LatentMoEDims {
 };
 
 // Routing decisions of one call, kept for balancing statistics (K3_REFERENCE section 6).
-struct MoERouting {
-  std::vector<int32_t> idx;   // [T, k] selected experts, best biased score first
-  std::vector<float> weight;  // [T, k] mixture weights p
-  std::vector<float> scores;  // [T, E] unbiased sigmoid scores s
+template <typename R>
+struct MoERoutingT {
+  std::vector<int32_t> idx;  // [T, k] selected experts, best biased score first
+  std::vector<R> weight;     // [T, k] mixture weights p
+  std::vector<R> scores;     // [T, E] unbiased sigmoid scores s
 };
+using MoERouting = MoERoutingT<float>;
 
-// Reusable buffers (grow only).
-struct MoEScratch {
-  MoERouting routing;  // used when the caller passes no routing_out
-  std::vector<float> z, u, un, gu, act;
+// Activations one training forward saves for the backward (buffers grow, never shrink).
+// Both forwards fill the same layout, so either backward can run on either forward's save.
+template <typename R>
+struct LatentMoESavedT {
+  int64_t T = 0;               // tokens of the saved call
+  std::vector<R> x;            // [T, d]        block input
+  MoERoutingT<R> routing;      // idx, weight [T, k]; scores [T, E]
+  std::vector<R> z;            // [T, l]        W_down x
+  std::vector<R> slot_gu;      // [T * k, 2F]   [W1 z | W3 z] per (token, slot) row t * k + i
+  std::vector<R> slot_y;       // [T * k, l]    W2 SiTU(...) per (token, slot), before p
+  std::vector<R> u;            // [T, l]        routed mixture sum_i p_i y_i
+  std::vector<R> u_rstd;       // [T]           1 / rms(u) (if use_norm)
+  std::vector<R> shared_gu;    // [T, 2 S*F]    shared [W1s x | W3s x]
+  std::vector<R> shared_act;   // [T, S*F]      shared SiTU output
+  void ensure(int64_t T, const LatentMoEDims& dims);
+};
+using LatentMoESaved = LatentMoESavedT<float>;
+
+// Reusable buffers (grow only). The d* buffers are the backward's.
+template <typename R>
+struct MoEScratchT {
+  MoERoutingT<R> routing;  // used when the caller passes no routing_out
+  std::vector<R> z, u, un, gu, act;
+  std::vector<R> dun, du, dz, dtopk_w, dlogits, dgu, dact;
   MoEExpertScratch experts;
 };
+using MoEScratch = MoEScratchT<float>;
 
-// out [T, d] (assigned); x [T, d].
+// out [T, d] (assigned); x [T, d]. With `saved` (training) the activations are kept there
+// (and the routing in saved->routing; routing_out, if also given, receives a copy).
 void latent_moe_forward(float* out, const float* x, const LatentMoEWeights& w, const LatentMoEDims& dims,
-                        int64_t T, MoEScratch& scratch, MoERouting* routing_out = nullptr);
-void latent_moe_forward_dense_reference(float* out, const float* x, const LatentMoEWeights& w,
-                                        const LatentMoEDims& dims, int64_t T, MoEScratch& scratch,
-                                        MoERouting* routing_out = nullptr);
+                        int64_t T, MoEScratch& scratch, MoERouting* routing_out = nullptr,
+                        LatentMoESaved* saved = nullptr);
+template <typename R>
+void latent_moe_forward_dense_reference(R* out, const R* x, const LatentMoEWeightsT<R>& w,
+                                        const LatentMoEDims& dims, int64_t T, MoEScratchT<R>& scratch,
+                                        MoERoutingT<R>* routing_out = nullptr, LatentMoESavedT<R>* saved = nullptr);
+
+// Backward of the forward that filled `saved` (same weights and dims; T == saved.T), for
+// its routing (K3_REFERENCE section 5: gradient through the unbiased scores of the selected
+// experts and the renormalisation; the bias gets none). dx [T, d] assigned; grads
+// accumulated (+=); dout [T, d]. dscores_aux [T, E] (optional): an extra gradient of the
+// sigmoid scores, e.g. router_aux_loss's (kernels/router.h), added in the router backward.
+//   y = W_up un + shared(x), un = RMSNorm(u) * w_n, u = sum_i p_i E_i(z), z = W_down x
+// Grouped (float): projections are gemms, experts go through moe_experts_backward.
+void latent_moe_backward(float* dx, const LatentMoEGrads& grads, const float* dout, const LatentMoESaved& saved,
+                         const LatentMoEWeights& w, const LatentMoEDims& dims, int64_t T, MoEScratch& scratch,
+                         const float* dscores_aux = nullptr);
+// Dense reference: per token, plain loops (accumulated in double) for the latent path, the
+// experts (moe_experts_backward_reference) and the shared experts; the router through
+// router_backward. The gradient-check oracle.
+template <typename R>
+void latent_moe_backward_dense_reference(R* dx, const LatentMoEGradsT<R>& grads, const R* dout,
+                                         const LatentMoESavedT<R>& saved, const LatentMoEWeightsT<R>& w,
+                                         const LatentMoEDims& dims, int64_t T, MoEScratchT<R>& scratch,
+                                         const R* dscores_aux = nullptr);
 
 }  // namespace k3

@@ -1,0 +1,122 @@
+// `k3cpp generate <model dir> (--ids 1,2,3 | --prompt TEXT) [--max-tokens N] [--temperature T]
+//                  [--top-k K] [--top-p P] [--seed S] [--stop ID,...] [--ids-out] [--threads N]`
+// Prefills the prompt (infer/session.h), then samples (infer/sampler.h) and decodes one token
+// at a time, streaming each token to stdout as it is produced: decoded text with the model's
+// byte tokenizer, or ids (space-separated) with --ids-out. Generation ends at a stop token
+// (not printed; default: the tokenizer's <|eos|> when the model has a tokenizer) or after
+// --max-tokens. Prefill and decode speeds go to stderr. Text needs the k3cpp byte tokenizer
+// (tokenizer.json beside the checkpoint); any other tokenizer is refused with its type named.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/threads.h"
+#include "infer/sampler.h"
+#include "infer/session.h"
+#include "model/checkpoint.h"
+
+namespace k3::cli {
+
+// Defined in cmd_forward.cpp.
+std::vector<int32_t> parse_ids(const std::string& text, const std::string& what);
+void check_ids_in_vocab(const std::vector<int32_t>& ids, const ModelDir& md, const std::string& what);
+
+namespace {
+
+const char* kUsage =
+    "usage: k3cpp generate <model dir> (--ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
+    "                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop ID,...]\n"
+    "                      [--ids-out] [--threads N]\n"
+    "  --ids          prompt as comma-separated token ids\n"
+    "  --prompt       prompt as text (byte tokenizer of models trained by k3cpp)\n"
+    "  --max-tokens   tokens to generate (default 64)\n"
+    "  --temperature  0 (default) is greedy; > 0 samples\n"
+    "  --top-k        keep the K most likely tokens (0: all)\n"
+    "  --top-p        keep the smallest set with probability >= P (1: all)\n"
+    "  --seed         sampling seed (default 0)\n"
+    "  --stop         stop token ids (default: the tokenizer's <|eos|>, if any)\n"
+    "  --ids-out      print token ids instead of text\n";
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int cmd_generate(const std::vector<std::string>& args) {
+  Args a(args, {"ids", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "stop", "threads"},
+         {"ids-out", "help"}, "generate");
+  if (a.flag("help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (a.positional().size() != 1) fail("expected one <model dir>, got " + std::to_string(a.positional().size()));
+  const std::string dir = a.positional_at(0, "model dir");
+  const auto ids_arg = a.get("ids"), prompt = a.get("prompt");
+  if (bool(ids_arg) == bool(prompt)) fail("give exactly one of --ids and --prompt");
+  const long long max_tokens = a.get_int("max-tokens", 64);
+  if (max_tokens < 0) fail("--max-tokens: expected a non-negative integer, got " + std::to_string(max_tokens));
+  SamplerOptions so;
+  so.temperature = a.get_double("temperature", 0.0);
+  so.top_k = a.get_int("top-k", 0);
+  so.top_p = a.get_double("top-p", 1.0);
+  const long long seed = a.get_int("seed", 0);
+  if (seed < 0) fail("--seed: expected a non-negative integer, got " + std::to_string(seed));
+  so.seed = uint64_t(seed);
+  Sampler sampler(so);  // validates the sampling options
+  const bool ids_out = a.flag("ids-out");
+  set_num_threads(int(a.get_int("threads", 0)));
+
+  // Config, tokenizer and prompt are checked before any weight is read.
+  const ModelDir md = open_model_dir(dir);
+  std::optional<ByteTokenizer> tok;
+  if (prompt || !ids_out) tok = load_model_tokenizer(md);
+  const std::vector<int32_t> ids = ids_arg ? parse_ids(*ids_arg, "--ids") : tok->encode(*prompt);
+  if (ids.empty()) fail("--prompt: the prompt is empty");
+  check_ids_in_vocab(ids, md, ids_arg ? "--ids" : "--prompt");
+  std::vector<int32_t> stop;
+  if (auto s = a.get("stop")) {
+    stop = parse_ids(*s, "--stop");
+  } else if (tok && tok->specials().count("<|eos|>")) {
+    stop = {tok->eos()};
+  }
+
+  const K3Model model = load_model(md);
+  SessionOptions sess_opt;
+  sess_opt.reserve_tokens = int64_t(ids.size()) + max_tokens;
+  Session session(model, sess_opt);
+  const int64_t V = model.dims().V;
+
+  auto t0 = std::chrono::steady_clock::now();
+  const float* logits = session.prefill(ids);
+  const double prefill_s = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  int64_t produced = 0;
+  const char* reason = "max tokens";
+  while (produced < max_tokens) {
+    const int32_t next = sampler.sample(logits, V);
+    if (std::find(stop.begin(), stop.end(), next) != stop.end()) {
+      reason = "stop token";
+      break;
+    }
+    if (ids_out) std::printf(produced ? " %d" : "%d", next);
+    else std::fputs(tok->decode_one(next).c_str(), stdout);
+    std::fflush(stdout);
+    if (++produced == max_tokens) break;
+    logits = session.step(next);
+  }
+  const double decode_s = seconds_since(t0);
+  if (ids_out || produced) std::fputc('\n', stdout);
+  std::fflush(stdout);
+  std::fprintf(stderr, "generate: prefill %zu tokens in %.3f s (%.1f tok/s); decode %lld tokens in %.3f s (%.1f tok/s); stopped: %s\n",
+               ids.size(), prefill_s, double(ids.size()) / std::max(prefill_s, 1e-9), (long long)produced, decode_s,
+               double(produced) / std::max(decode_s, 1e-9), reason);
+  return 0;
+}
+
+}  // namespace k3::cli

@@ -1,0 +1,47 @@
+// A decode session over one K3Model: the model's DecodeState for one sequence (per KDA layer
+// the recurrent and conv states, per MLA layer the latent cache) and the scratch buffers.
+// prefill() appends tokens through the multi-token path (chunked/fast KDA core, MLA expanded
+// over the latent cache); step() appends one token through the decode path (the KDA decode
+// step, MLA attending over the latent cache with absorbed projections). Both return the
+// logits of the last appended position; prefill + steps equal one full forward over the same
+// tokens up to float rounding (tests/infer/test_session.cpp).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/k3_model.h"
+
+namespace k3 {
+
+struct SessionOptions {
+  KDAPath prefill_path = KDAPath::Fast;  // KDA core of prefill calls
+  KDAPath decode_path = KDAPath::Fast;   // decode step variant (Fast: kda_decode_step_fast)
+  int64_t reserve_tokens = 0;            // pre-size the MLA caches
+};
+
+class Session {
+ public:
+  explicit Session(const K3Model& model, const SessionOptions& opt = {});
+
+  // Appends ids [T] (T >= 1); returns the logits [V] of the last one (valid until the next call).
+  const float* prefill(const int32_t* ids, int64_t T);
+  const float* prefill(const std::vector<int32_t>& ids) { return prefill(ids.data(), int64_t(ids.size())); }
+  // Appends one token; returns its logits [V].
+  const float* step(int32_t id);
+  void reset();  // back to an empty sequence (caches keep their capacity)
+
+  int64_t position() const { return state_.n_tokens; }  // tokens consumed
+  int64_t vocab() const { return model_.dims().V; }
+  const float* logits() const { return logits_.data(); }  // of the last call
+  const K3Model& model() const { return model_; }
+  const DecodeState& state() const { return state_; }
+
+ private:
+  const K3Model& model_;
+  SessionOptions opt_;
+  DecodeState state_;
+  ForwardScratch scratch_;
+  std::vector<float> logits_;  // [V]
+};
+
+}  // namespace k3

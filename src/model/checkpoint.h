@@ -1,0 +1,70 @@
+// Checkpoints in the released layout (K3_REFERENCE sections 1, 5, 8; names from
+// model/param_specs.h): a directory with config.json (Hugging Face nested form), the weights
+// as safetensors shards (model.safetensors, or model-0000i-of-0000N.safetensors + index) under
+// the `language_model.model.` names, and optionally tokenizer.json (io/tokenizer.h).
+//
+// Loading: dense tensors bf16, f16 or f32, converted to f32 into the WeightStore; routed
+// experts either MXFP4 (`weight_packed` + `weight_scale`), kept quantised as zero-copy views of
+// the mmap'ed file (default) or dequantised, or plain `.weight` in a float dtype. Every missing
+// tensor, wrong shape, wrong dtype, and every `language_model.*` tensor the config does not
+// have, is a k3::Error naming the tensor, the expected and found value and the file.
+// Tensors outside `language_model.` (e.g. a vision tower) are ignored.
+//
+// Saving writes the released names (so k3cpp checkpoints and the release are one format):
+// dense tensors f32 (exact training resume; default) or bf16 (the release's), routed experts
+// plain or MXFP4, config.json and tokenizer.json. The directory is written whole into a
+// temporary directory beside the target and then swapped into place (renameat2
+// RENAME_EXCHANGE, or two renames where the filesystem lacks it), so an interrupted write never
+// destroys a previous checkpoint; the target directory is replaced as a whole.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "io/tokenizer.h"
+#include "model/k3_model.h"
+#include "model/weights.h"
+
+namespace k3 {
+
+struct LoadOptions {
+  // MXFP4 routed experts become f32 (training, or a check against a plain reference). By
+  // default they stay MXFP4 when every routed expert is stored so; a checkpoint with any plain
+  // expert loads all experts as f32.
+  bool dequantize_experts = false;
+};
+
+// The weights of `cfg` from an open checkpoint (see the contract above).
+WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const LoadOptions& opt = {});
+
+// A model directory: <dir>/config.json required, <dir>/tokenizer.json optional.
+struct ModelDir {
+  std::string dir;
+  std::string config_path;
+  std::string tokenizer_path;  // "" if the directory has no tokenizer.json
+  K3Config config;
+};
+// k3::Error if `dir` is not a directory or has no readable, valid config.json.
+ModelDir open_model_dir(const std::string& dir);
+K3Model load_model(const ModelDir& md, const LoadOptions& opt = {});
+K3Model load_model(const std::string& dir, const LoadOptions& opt = {});
+// The directory's byte tokenizer; k3::Error when it has none or one of an unsupported type.
+ByteTokenizer load_model_tokenizer(const ModelDir& md);
+
+struct SaveOptions {
+  DType dense_dtype = DType::F32;                // F32 or BF16 (F16 accepted too)
+  ExpertStorage experts = ExpertStorage::Plain;  // Mxfp4: widths must be multiples of 32
+  uint64_t max_shard_bytes = uint64_t(4) << 30;  // per safetensors shard
+  std::string tokenizer_json;                    // written as tokenizer.json when non-empty
+  // Called with the complete temporary directory just before it is swapped into place
+  // (tests use it to interrupt a save).
+  std::function<void(const std::string& tmp_dir)> before_commit;
+};
+
+// Writes `w` (and its config) as a checkpoint directory `dir`, replacing any previous one
+// atomically (see above). Returns the safetensors files written (final paths).
+std::vector<std::string> save_checkpoint(const std::string& dir, const WeightStore& w, const SaveOptions& opt = {});
+
+}  // namespace k3

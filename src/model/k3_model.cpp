@@ -1,0 +1,205 @@
+// The K3 stack (see k3_model.h; K3_REFERENCE section 2).
+#include "model/k3_model.h"
+
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "kernels/gemm.h"
+#include "kernels/norm.h"
+
+namespace k3 {
+
+namespace {
+
+template <typename V>
+void grow(V& v, int64_t n) {
+  if (v.size() < size_t(n)) v.resize(size_t(n));
+}
+
+// Builds one layer's views; `P(name)` gives a parameter's f32 pointer, `X(name)` a routed
+// expert matrix.
+template <typename ParamFn, typename ExpertFn>
+LayerWeights bind_layer(const K3Config& c, int64_t layer, ParamFn&& P_full, ExpertFn&& X) {
+  const std::string p = layer_prefix(layer);
+  auto P = [&](const std::string& suffix) { return P_full(p + suffix); };
+  LayerWeights L;
+  L.input_norm = P("input_layernorm.weight");
+  L.post_norm = P("post_attention_layernorm.weight");
+  L.attn_res_norm = P("self_attention_res_norm.weight");
+  L.attn_res_proj = P("self_attention_res_proj.weight");
+  L.mlp_res_norm = P("mlp_res_norm.weight");
+  L.mlp_res_proj = P("mlp_res_proj.weight");
+  L.is_mla = c.is_mla_layer(layer);
+  const std::string a = "self_attn.";
+  if (L.is_mla) {
+    L.mla.q_a_proj = P(a + "q_a_proj.weight");
+    L.mla.q_a_norm = P(a + "q_a_layernorm.weight");
+    L.mla.q_b_proj = P(a + "q_b_proj.weight");
+    L.mla.kv_a_proj = P(a + "kv_a_proj_with_mqa.weight");
+    L.mla.kv_a_norm = P(a + "kv_a_layernorm.weight");
+    L.mla.kv_b_proj = P(a + "kv_b_proj.weight");
+    L.mla.o_proj = P(a + "o_proj.weight");
+    L.mla.g_proj = c.mla_use_output_gate ? P(a + "g_proj.weight") : nullptr;
+  } else {
+    KDAWeights& k = L.kda;
+    k.q_proj = P(a + "q_proj.weight");
+    k.k_proj = P(a + "k_proj.weight");
+    k.v_proj = P(a + "v_proj.weight");
+    k.q_conv = P(a + "q_conv1d.weight");
+    k.k_conv = P(a + "k_conv1d.weight");
+    k.v_conv = P(a + "v_conv1d.weight");
+    k.f_a = P(a + "f_a_proj.weight");
+    k.f_b = P(a + "f_b_proj.weight");
+    k.b_proj = P(a + "b_proj.weight");
+    k.g_proj = P(a + "g_proj.weight");
+    k.o_norm = P(a + "o_norm.weight");
+    k.o_proj = P(a + "o_proj.weight");
+    k.A_log = P(a + "A_log");
+    k.dt_bias = P(a + "dt_bias");
+  }
+  L.is_moe = c.is_moe_layer(layer);
+  if (!L.is_moe) {
+    L.dense_gate = P("mlp.gate_proj.weight");
+    L.dense_up = P("mlp.up_proj.weight");
+    L.dense_down = P("mlp.down_proj.weight");
+    return L;
+  }
+  const std::string m = "block_sparse_moe.";
+  LatentMoEWeights& e = L.moe;
+  e.router = P(m + "gate.weight");
+  e.router_bias = P(m + "gate.e_score_correction_bias");
+  e.down = P(m + "routed_expert_down_proj.weight");
+  e.up = P(m + "routed_expert_up_proj.weight");
+  e.latent_norm = c.latent_moe_use_norm ? P(m + "routed_expert_norm.weight") : nullptr;
+  if (c.num_shared_experts > 0) {
+    e.shared_w1 = P(m + "shared_experts.gate_proj.weight");
+    e.shared_w3 = P(m + "shared_experts.up_proj.weight");
+    e.shared_w2 = P(m + "shared_experts.down_proj.weight");
+  } else {
+    e.shared_w1 = e.shared_w3 = e.shared_w2 = nullptr;
+  }
+  const int64_t E = c.num_experts;
+  e.w1.resize(size_t(E));
+  e.w3.resize(size_t(E));
+  e.w2.resize(size_t(E));
+  for (int64_t j = 0; j < E; ++j) {
+    const std::string x = p + m + "experts." + std::to_string(j) + ".";
+    e.w1[size_t(j)] = X(x + "w1.weight");
+    e.w3[size_t(j)] = X(x + "w3.weight");
+    e.w2[size_t(j)] = X(x + "w2.weight");
+  }
+  return L;
+}
+
+}  // namespace
+
+LayerWeights layer_weights(const WeightStore& w, int64_t layer) {
+  const ParamLayout& lay = w.layout();
+  auto P = [&](const std::string& name) { return w.param(name); };
+  auto X = [&](const std::string& name) {
+    const size_t i = lay.index(name);
+    ExpertMatrix m;
+    m.rows = lay.spec(i).shape[0];
+    m.cols = lay.spec(i).shape[1];
+    if (lay.in_buffer(i)) {
+      m.f32 = w.param(i);
+    } else {
+      K3_ASSERT(w.has_mxfp4(i), "MXFP4 routed expert not loaded: " + name);
+      m.mx = &w.mxfp4(i);
+    }
+    return m;
+  };
+  return bind_layer(w.config(), layer, P, X);
+}
+
+LayerWeights layer_views(const ParamLayout& lay, const K3Config& c, const float* base, int64_t layer) {
+  K3_ASSERT(lay.experts() == ExpertStorage::Plain, "layer_views needs a layout with every parameter in the buffer");
+  auto P = [&](const std::string& name) { return base + lay.offset(lay.index(name)); };
+  auto X = [&](const std::string& name) {
+    const size_t i = lay.index(name);
+    return ExpertMatrix{base + lay.offset(i), nullptr, lay.spec(i).shape[0], lay.spec(i).shape[1]};
+  };
+  return bind_layer(c, layer, P, X);
+}
+
+void DecodeState::reset(const ModelDims& dims) {
+  layers.resize(size_t(dims.L));
+  for (int64_t i = 0; i < dims.L; ++i) {
+    LayerState& l = layers[size_t(i)];
+    if (dims.mla[size_t(i)]) l.mla.clear();
+    else l.kda.reset(dims.kda);
+  }
+  n_tokens = 0;
+}
+
+void DecodeState::reserve(int64_t tokens, const ModelDims& dims) {
+  for (int64_t i = 0; i < dims.L && i < int64_t(layers.size()); ++i)
+    if (dims.mla[size_t(i)]) layers[size_t(i)].mla.reserve(tokens, dims.mla_dims);
+}
+
+K3Model::K3Model(WeightStore weights) : store_(std::move(weights)), dims_(model_dims(store_.config())) {
+  layers_.reserve(size_t(dims_.L));
+  for (int64_t i = 0; i < dims_.L; ++i) layers_.push_back(layer_weights(store_, i));
+  embed_ = store_.param(kModelPrefix + "embed_tokens.weight");
+  final_res_norm_ = store_.param(kModelPrefix + "final_res_norm.weight");
+  final_res_proj_ = store_.param(kModelPrefix + "final_res_proj.weight");
+  final_norm_ = store_.param(kModelPrefix + "norm.weight");
+  lm_head_ = config().tie_word_embeddings ? embed_ : store_.param(kLmHeadName);
+}
+
+DecodeState K3Model::new_state() const {
+  DecodeState st;
+  st.reset(dims_);
+  return st;
+}
+
+void K3Model::forward(float* logits, const int32_t* ids, int64_t T, DecodeState& st, ForwardScratch& s,
+                      const ForwardOptions& opt, ForwardRecord* rec) const {
+  const int64_t d = dims_.d, V = dims_.V;
+  K3_ASSERT(int64_t(st.layers.size()) == dims_.L, "K3Model::forward: DecodeState not reset for this model");
+  if (T <= 0) return;
+  for (int64_t t = 0; t < T; ++t)
+    if (ids[t] < 0 || ids[t] >= V)
+      fail("token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) +
+           " is outside the vocabulary [0, " + std::to_string(V) + ")");
+
+  // Before layer 0: partial = token embedding, no completed blocks.
+  BlockState& bs = s.bs;
+  bs.begin(T, d, dims_.max_blocks());
+  for (int64_t t = 0; t < T; ++t)
+    std::memcpy(bs.partial.data() + t * d, embed_ + int64_t(ids[t]) * d, sizeof(float) * size_t(d));
+
+  if (rec) {
+    rec->T = T;
+    rec->layers.resize(size_t(dims_.L));
+  }
+  for (int64_t i = 0; i < dims_.L; ++i)
+    decoder_layer_forward(bs, st.layers[size_t(i)], layers_[size_t(i)], dims_, i, T, opt.mode, opt.kda_path, s.layer,
+                          rec ? &rec->layers[size_t(i)] : nullptr);
+  st.n_tokens += T;
+
+  // Output: h = AttnRes_out(blocks + [partial]); final RMSNorm; lm_head.
+  const int64_t row0 = opt.last_only ? T - 1 : 0, rows = T - row0;
+  grow(s.h_out, rows * d);
+  grow(s.h_final, rows * d);
+  grow(s.rstd, rows);
+  float* alpha = nullptr;
+  if (rec) {
+    rec->n_blocks = bs.n;
+    rec->blocks.assign(bs.blocks.begin(), bs.blocks.begin() + bs.n * T * d);
+    rec->partial.assign(bs.partial.begin(), bs.partial.begin() + T * d);
+    rec->alpha_out.resize(size_t(rows * (bs.n + 1)));
+    alpha = rec->alpha_out.data();
+  }
+  block_attn_res(s.h_out.data(), alpha, bs, final_res_norm_, final_res_proj_, row0, rows, dims_.eps, s.src);
+  rmsnorm_forward<float>(s.h_final.data(), s.rstd.data(), s.h_out.data(), final_norm_, rows, d, dims_.eps);
+  linear(logits, s.h_final.data(), lm_head_, rows, d, V);
+  if (rec) {
+    rec->h_out.assign(s.h_out.begin(), s.h_out.begin() + rows * d);
+    rec->rstd_final.assign(s.rstd.begin(), s.rstd.begin() + rows);
+    rec->h_final.assign(s.h_final.begin(), s.h_final.begin() + rows * d);
+  }
+}
+
+}  // namespace k3

@@ -1,0 +1,71 @@
+// Weight store (see weights.h): offsets derived from the parameter table in table order.
+#include "model/weights.h"
+
+#include "core/error.h"
+
+namespace k3 {
+
+ParamLayout::ParamLayout(const K3Config& cfg, ExpertStorage experts) : specs_(k3_param_specs(cfg)), experts_(experts) {
+  offsets_.resize(specs_.size());
+  index_.reserve(specs_.size());
+  int64_t off = 0;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const ParamSpec& s = specs_[i];
+    K3_ASSERT(index_.emplace(s.name, i).second, "duplicate name in the parameter table: " + s.name);
+    if (experts == ExpertStorage::Mxfp4 && s.component == Component::RoutedExperts) {
+      offsets_[i] = -1;
+      continue;
+    }
+    offsets_[i] = off;
+    off += (s.numel() + kParamAlign - 1) / kParamAlign * kParamAlign;
+  }
+  total_ = off;
+}
+
+int64_t ParamLayout::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? -1 : int64_t(it->second);
+}
+
+size_t ParamLayout::index(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) fail("tensor " + name + " is not a parameter of this K3 config");
+  return it->second;
+}
+
+WeightStore::WeightStore(const K3Config& cfg, ExpertStorage experts)
+    : cfg_(cfg), layout_(cfg, experts), buffer_(Tensor::zeros(DType::F32, {layout_.total_floats()})) {
+  if (experts == ExpertStorage::Mxfp4) mx_.resize(layout_.size());
+}
+
+float* WeightStore::param(size_t i) {
+  K3_ASSERT(layout_.in_buffer(i), "parameter is held as MXFP4, not in the f32 buffer: " + layout_.spec(i).name);
+  return data() + layout_.offset(i);
+}
+
+const float* WeightStore::param(size_t i) const {
+  K3_ASSERT(layout_.in_buffer(i), "parameter is held as MXFP4, not in the f32 buffer: " + layout_.spec(i).name);
+  return data() + layout_.offset(i);
+}
+
+Tensor WeightStore::tensor(size_t i) const {
+  const ParamSpec& s = layout_.spec(i);
+  K3_ASSERT(layout_.in_buffer(i), "parameter is held as MXFP4, not in the f32 buffer: " + s.name);
+  const int64_t off = layout_.offset(i);
+  return buffer_.slice0(off, off + s.numel()).reshape(s.shape);
+}
+
+const Mxfp4Matrix& WeightStore::mxfp4(size_t i) const {
+  K3_ASSERT(has_mxfp4(i), "no MXFP4 matrix held for " + layout_.spec(i).name);
+  return mx_[i];
+}
+
+void WeightStore::set_mxfp4(size_t i, Mxfp4Matrix m) {
+  const ParamSpec& s = layout_.spec(i);
+  K3_ASSERT(expert_storage() == ExpertStorage::Mxfp4 && s.component == Component::RoutedExperts,
+            "MXFP4 slot for a tensor that is not an MXFP4-held routed expert: " + s.name);
+  K3_ASSERT(m.rows == s.shape[0] && m.cols == s.shape[1], "MXFP4 matrix shape differs from the spec of " + s.name);
+  mx_[i] = std::move(m);
+}
+
+}  // namespace k3

@@ -1,0 +1,87 @@
+// The weight store: every parameter of a K3 model in ONE 64-byte-aligned f32 buffer, carved
+// by the parameter table (model/param_specs.h) in table order, so that a gradient buffer and
+// optimizer moments allocated with the same ParamLayout line up element for element (the
+// llm.c layout: one allocation, one table of {name, shape}, offsets derived from it).
+// Routed experts may instead be held as MXFP4 (ExpertStorage::Mxfp4: inference only; the
+// matrices then have no slot in the f32 buffer and live as Mxfp4Matrix, zero-copy views of
+// the mmap'ed checkpoint when it stores them so). Training always uses Plain.
+// Lookup by released name is one hash lookup; spec positions are stable table indices.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/tensor.h"
+#include "io/config.h"
+#include "model/param_specs.h"
+
+namespace k3 {
+
+// Offsets (in floats) of each parameter in the f32 buffer. Every tensor starts on a 64-byte
+// boundary (kParamAlign floats). With Mxfp4 experts the routed expert matrices get offset -1.
+class ParamLayout {
+ public:
+  static constexpr int64_t kParamAlign = 16;  // floats = 64 bytes
+
+  ParamLayout() = default;
+  ParamLayout(const K3Config& cfg, ExpertStorage experts);
+
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  size_t size() const { return specs_.size(); }
+  const ParamSpec& spec(size_t i) const { return specs_.at(i); }
+  int64_t offset(size_t i) const { return offsets_.at(i); }  // -1: not in the buffer
+  bool in_buffer(size_t i) const { return offsets_.at(i) >= 0; }
+  int64_t total_floats() const { return total_; }  // buffer length (multiple of kParamAlign)
+  ExpertStorage experts() const { return experts_; }
+  int64_t find(const std::string& name) const;  // table position, -1 if K3 has no such tensor
+  size_t index(const std::string& name) const;  // k3::Error naming the tensor if absent
+
+ private:
+  std::vector<ParamSpec> specs_;
+  std::vector<int64_t> offsets_;
+  std::unordered_map<std::string, size_t> index_;
+  int64_t total_ = 0;
+  ExpertStorage experts_ = ExpertStorage::Plain;
+};
+
+class WeightStore {
+ public:
+  WeightStore() = default;
+  // Zero-filled buffer; with Mxfp4 experts the MXFP4 slots start empty (set_mxfp4 fills them).
+  WeightStore(const K3Config& cfg, ExpertStorage experts);
+  WeightStore(WeightStore&&) = default;
+  WeightStore& operator=(WeightStore&&) = default;
+  WeightStore(const WeightStore&) = delete;
+  WeightStore& operator=(const WeightStore&) = delete;
+
+  const K3Config& config() const { return cfg_; }
+  const ParamLayout& layout() const { return layout_; }
+  ExpertStorage expert_storage() const { return layout_.experts(); }
+
+  float* data() { return buffer_.data<float>(); }  // [layout().total_floats()]
+  const float* data() const { return buffer_.data<float>(); }
+  int64_t size() const { return layout_.total_floats(); }
+
+  // The f32 parameter at table position i / with this released name (k3::Error if the name is
+  // unknown; K3_ASSERT if it has no slot in the buffer, i.e. an MXFP4-held expert).
+  float* param(size_t i);
+  const float* param(size_t i) const;
+  float* param(const std::string& name) { return param(layout_.index(name)); }
+  const float* param(const std::string& name) const { return param(layout_.index(name)); }
+  // A Tensor view [spec shape] of parameter i sharing the buffer (kept alive by the view).
+  Tensor tensor(size_t i) const;
+
+  // MXFP4-held routed experts (expert_storage() == Mxfp4 only).
+  bool has_mxfp4(size_t i) const { return i < mx_.size() && mx_[i].rows > 0; }
+  const Mxfp4Matrix& mxfp4(size_t i) const;
+  void set_mxfp4(size_t i, Mxfp4Matrix m);  // K3_ASSERT on a shape that is not the spec's
+
+ private:
+  K3Config cfg_;
+  ParamLayout layout_;
+  Tensor buffer_;                // F32 [total_floats]
+  std::vector<Mxfp4Matrix> mx_;  // by table position; filled only for MXFP4-held experts
+};
+
+}  // namespace k3
