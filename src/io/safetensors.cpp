@@ -33,37 +33,51 @@ std::string tensor_field(const std::string& name) { return "tensor " + json_quot
 // Parses JSON from [begin, end), refusing duplicate keys in any object and nesting deeper
 // than kMaxJsonDepth. `what` names the part of the file in messages ("header", "index").
 json parse_json_strict(const std::string& path, const std::string& what, const char* begin, const char* end) {
-  std::vector<std::set<std::string>> keys;  // one set per open object
-  std::string top_key;                      // the current key of the outermost object
-  auto cb = [&](int depth, json::parse_event_t ev, json& parsed) -> bool {
-    switch (ev) {
-      case json::parse_event_t::object_start:
-      case json::parse_event_t::array_start:
-        if (depth >= kMaxJsonDepth) fail_input(path, what, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-        if (ev == json::parse_event_t::object_start) keys.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        keys.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        const std::string& k = parsed.get_ref<const std::string&>();
-        if (keys.size() == 1) top_key = k;
-        if (!keys.back().insert(k).second) {
-          const bool header = what == "header";
-          auto entry = [&](const std::string& key) { return key == "__metadata__" ? key : tensor_field(key); };
-          if (keys.size() == 1 && header) fail_input(path, entry(k), "appears twice in the header");
-          std::string field = keys.size() == 1 ? what : keys.size() == 2 ? (header ? entry(top_key) : what + ": " + top_key) : what;
-          fail_input(path, field, "duplicate key " + json_quoted(k));
-        }
-        break;
-      }
-      default:
-        break;
+  // Pass 1: a SAX walk that only tracks keys (duplicates, depth). nlohmann's parse callback
+  // would do the same but its DOM builder rescans the parent object at every object end,
+  // which is quadratic in the number of tensors (37k-tensor headers took ~10 s).
+  struct KeyCheck : json::json_sax_t {
+    const std::string& path;
+    const std::string& what;
+    std::vector<std::set<std::string>> keys;  // one set per open object
+    std::vector<bool> is_object;              // open containers
+    std::string top_key;                      // the current key of the outermost object
+    KeyCheck(const std::string& p, const std::string& w) : path(p), what(w) {}
+    bool null() override { return true; }
+    bool boolean(bool) override { return true; }
+    bool number_integer(number_integer_t) override { return true; }
+    bool number_unsigned(number_unsigned_t) override { return true; }
+    bool number_float(number_float_t, const string_t&) override { return true; }
+    bool string(string_t&) override { return true; }
+    bool binary(binary_t&) override { return true; }
+    void open(bool obj) {
+      if (int64_t(is_object.size()) >= kMaxJsonDepth)
+        fail_input(path, what, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      is_object.push_back(obj);
+      if (obj) keys.emplace_back();
     }
-    return true;
+    bool start_object(std::size_t) override { open(true); return true; }
+    bool start_array(std::size_t) override { open(false); return true; }
+    bool end_object() override { keys.pop_back(); is_object.pop_back(); return true; }
+    bool end_array() override { is_object.pop_back(); return true; }
+    bool key(string_t& k) override {
+      if (keys.size() == 1) top_key = k;
+      if (!keys.back().insert(k).second) {
+        const bool header = what == "header";
+        auto entry = [&](const std::string& key) { return key == "__metadata__" ? key : tensor_field(key); };
+        if (keys.size() == 1 && header) fail_input(path, entry(k), "appears twice in the header");
+        std::string field = keys.size() == 1 ? what : keys.size() == 2 ? (header ? entry(top_key) : what + ": " + top_key) : what;
+        fail_input(path, field, "duplicate key " + json_quoted(k));
+      }
+      return true;
+    }
+    bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
   };
+  KeyCheck check(path, what);
+  // A syntax error stops the SAX walk; pass 2 then reports it with the parser's message.
+  json::sax_parse(begin, end, &check);
   try {
-    return json::parse(begin, end, cb);
+    return json::parse(begin, end);
   } catch (const json::exception& e) {
     fail_input(path, what, std::string("not valid JSON (") + e.what() + ")");
   }

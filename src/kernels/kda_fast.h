@@ -39,8 +39,9 @@ struct KDAFastOptions {
   bool bf16 = false;
   enum class DiagPath { Auto, Dense, Safe } diag = DiagPath::Auto;
   bool gate_bounded = true;  // Auto: Dense if bounded (K3's g >= -5), else Safe (Kimi Linear)
-  // Forward keeps, per head and chunk, the state at the chunk start and R, V' in the
-  // workspace so that the backward does not recompute them (training). Without it the
+  // Forward keeps, per head and chunk, the state at the chunk start, R, V', Akk and Aqk in
+  // the workspace (4 (Dk Dv + 2 C Dv + 2 C^2) bytes per chunk and head: 2.5 KB per token and
+  // head at D = 128) so that the backward does not recompute them (training). Without it the
   // backward reruns the forward's state pass itself.
   bool save_for_backward = false;
 };

@@ -83,6 +83,7 @@ void backward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* dq
     }
     float* dS = s.dS;
     float* dO = s.G2 + C * Vp;  // G2 = [-dR ; dO]
+    for (int64_t i = 0; i < n; ++i) prefetch_floats(do_ + ((t0 + i) * H + h) * Dv, Dv);
     for (int64_t i = 0; i < C; ++i) {
       float* row = dO + i * Vp;
       if (i < n) {
@@ -100,7 +101,7 @@ void backward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* dq
     // V' = Tm R:  dR = Tm^T dV'  (stored negated in G2: R = V - K E S0 then reads as + below)
     mm(s.G2, Vp, a_op(bf, s.Tm, C, true, C, C, s.ha), b_op(bf, s.dVp, Vp, false, C, Vp, s.hb1), C, Vp, C, -1.f,
        false, Tri::Upper);
-    for (int64_t i = 0; i < n; ++i) store_row(dv + ((t0 + i) * H + h) * Dv, s.G2 + i * Vp, Dv, -1.f);  // dV = dR
+    for (int64_t i = 0; i < n; ++i) store_row(dv + ((t0 + i) * H + h) * Dv, s.G2 + i * Vp, Dv, -1.f, gm.stream);  // dV = dR
     BOp bG2 = b_op(bf, s.G2, Vp, false, C, Vp, s.hb2);  // completes [-dR ; dO] (2C rows)
     // V' = Tm R:  dTm = dV' R^T;  O: dAqk = MaskIncl(dO V'^T)   (16-row blocks, lower part only)
     {
@@ -228,9 +229,9 @@ void backward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* dq
     const float sc = gm.scale;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t ro = (t0 + i) * H + h;
-      store_row(dq + ro * Dk, s.E + i * Kp, Dk, sc);  // dQ (in E); Q = scale q
-      store_row(dk + ro * Dk, s.Edl + i * Kp, Dk);    // dK (in Edl)
-      store_row(dg + ro * Dk, s.dG + i * Kp, Dk);
+      store_row(dq + ro * Dk, s.E + i * Kp, Dk, sc, gm.stream);  // dQ (in E); Q = scale q
+      store_row(dk + ro * Dk, s.Edl + i * Kp, Dk, 1.f, gm.stream);  // dK (in Edl)
+      store_row(dg + ro * Dk, s.dG + i * Kp, Dk, 1.f, gm.stream);
       dbeta[ro] = s.dbeta[i];
     }
     std::swap(s.dS, s.dSn);
@@ -278,6 +279,7 @@ void kda_chunk_fast_backward(float* dq, float* dk, float* dv, float* dg, float* 
 #pragma omp for schedule(static)
     for (int64_t h = 0; h < H; ++h)
       backward_head(gm, s, W, dq, dk, dv, dg, dbeta, dstate0, do_, dstate_final, q, k, g, beta, h);
+    store_fence();
   }
 }
 

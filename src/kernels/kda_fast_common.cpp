@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -47,6 +48,7 @@ Geom make_geom(int64_t Tn, int64_t H, int64_t Dk, int64_t Dv, double scale, cons
   g.scale = float(scale);
   g.bf16 = opt.bf16;
   g.dense = kda_fast_diag_path(opt) == KDAFastOptions::DiagPath::Dense;
+  g.stream = Tn * H * std::max(Dk, Dv) * 4 >= (int64_t(32) << 20);  // beyond the 32 MB L3
   return g;
 }
 
@@ -127,9 +129,22 @@ void vexp(float* dst, const float* src, int64_t n) {
   for (; i < n; ++i) dst[i] = std::exp(src[i]);
 }
 
-void store_row(float* __restrict dst, const float* __restrict src, int64_t n, float alpha) {
+void store_row(float* __restrict dst, const float* __restrict src, int64_t n, float alpha, bool stream) {
+#if defined(__AVX512F__)
+  if (stream && (reinterpret_cast<uintptr_t>(dst) & 63) == 0 && n % 16 == 0) {
+    const __m512 a = _mm512_set1_ps(alpha);
+    for (int64_t i = 0; i < n; i += 16) _mm512_stream_ps(dst + i, _mm512_mul_ps(a, _mm512_loadu_ps(src + i)));
+    return;
+  }
+#endif
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) dst[i] = alpha * src[i];
+}
+
+void store_fence() {
+#if defined(__SSE__)
+  _mm_sfence();
+#endif
 }
 
 // ---------------------------------------------------------------------------------------
@@ -482,8 +497,7 @@ double kda_chunk_fast_flops(int64_t Tn, int64_t H, int64_t Dk, int64_t Dv, int64
                + 2 * tri * dv * 2                            // V' = Tm R, Aqk V'
                + 2 * dk * dv * C;                            // Kd^T V'
   if (backward) {
-    per = tiles                                 // recomputed Akk, Aqk
-          + 2 * C * dk * dv + 2 * tri * dv      // dV' = Kd dS + Aqk^T dO
+    per = 2 * C * dk * dv + 2 * tri * dv        // dV' = Kd dS + Aqk^T dO
           + 2 * tri * dv                        // dR = Tm^T dV'
           + 2 * (2 * C) * dv * dk               // [-dR ; dO] S0^T
           + 2 * C * dv * dk                     // dKd = V' dS^T

@@ -60,7 +60,7 @@ void forward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* o, 
     }
     mm(S, Vp, a_op(bf, s.Kd, Kp, true, Kp, C, s.ha), bv, Kp, Vp, C, 1.f, true);
     if (o)
-      for (int64_t i = 0; i < n; ++i) store_row(o + ((t0 + i) * H + h) * Dv, O + i * Vp, Dv);
+      for (int64_t i = 0; i < n; ++i) store_row(o + ((t0 + i) * H + h) * Dv, O + i * Vp, Dv, 1.f, gm.stream);
   }
   if (state_out)
     for (int64_t d = 0; d < Dk; ++d) std::memcpy(state_out + (h * Dk + d) * Dv, S + d * Vp, size_t(Dv) * 4);
@@ -84,6 +84,7 @@ void kda_chunk_fast_forward(float* o, float* state, const float* q, const float*
     Scratch& s = W.threads[omp_get_thread_num()];
 #pragma omp for schedule(static)
     for (int64_t h = 0; h < H; ++h) forward_head(gm, s, W, o, state, state, q, k, v, g, beta, h, opt.save_for_backward);
+    store_fence();
   }
   W.saved = opt.save_for_backward;
 }

@@ -54,6 +54,7 @@ struct Geom {
   int64_t Tn, H, Dk, Dv, C, NB, NT, Dkp, Dvp;
   float scale;
   bool bf16, dense;
+  bool stream;  // outputs too large to stay cached: written with non-temporal stores
   bool same(const Geom& o) const {
     return Tn == o.Tn && H == o.H && Dk == o.Dk && Dv == o.Dv && C == o.C && bf16 == o.bf16 && dense == o.dense;
   }
@@ -116,8 +117,12 @@ namespace k3::kda_fast {
 
 // dst[i] = e^src[i] (AVX-512 where present; inf above ~88.7, 0 below -88, NaN kept).
 void vexp(float* dst, const float* src, int64_t n);
-// dst[i] = alpha * src[i], n values (vector stores: the token-major outputs are strided rows).
-void store_row(float* __restrict dst, const float* __restrict src, int64_t n, float alpha = 1.f);
+// dst[i] = alpha * src[i], n values (vector stores: the token-major outputs are strided rows);
+// stream: non-temporal stores where dst is 64-byte aligned (no read-for-ownership of lines that
+// are only written; call store_fence() before the data is read by another thread).
+void store_row(float* __restrict dst, const float* __restrict src, int64_t n, float alpha = 1.f,
+               bool stream = false);
+void store_fence();
 // Prefetch n floats starting at p into cache.
 inline void prefetch_floats(const float* p, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 2);
