@@ -33,6 +33,7 @@
 #include "kernels/gemm.h"
 #include "kernels/kda.h"
 #include "kernels/kda_fast.h"
+#include "kernels/matmul_bf16.h"
 
 using namespace k3;
 
@@ -173,6 +174,26 @@ void BM_MemReadWrite(benchmark::State& st) {
     benchmark::ClobberMemory();
   }
   st.counters["B/s"] = benchmark::Counter(2.0 * 4 * n, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The tile products alone, one thread (kernels/matmul_bf16.h): args M, N, K, bf16, tri.
+void BM_Tile(benchmark::State& st) {
+  const int64_t M = st.range(0), N = st.range(1), K = st.range(2);
+  const bool bf = st.range(3);
+  const Tri tri = st.range(4) ? Tri::Lower : Tri::None;
+  std::vector<float> A(M * K, 0.01f), B(K * N, 0.02f), C(M * N);
+  std::vector<uint16_t> Ah(M * K), Bp(K * N + 2 * N);
+  to_bf16(Ah.data(), K, A.data(), K, M, K);
+  pack_vnni(Bp.data(), N, B.data(), N, K, N);
+  for (auto _ : st) {
+    if (bf)
+      mm_bf16(C.data(), N, Ah.data(), K, Bp.data(), N, M, N, K, 1.f, false, tri);
+    else
+      mm_f32(C.data(), N, A.data(), K, false, B.data(), N, M, N, K, 1.f, false, tri);
+    benchmark::ClobberMemory();
+  }
+  const double flops = 2.0 * N * (tri == Tri::Lower ? double(M) * (M + 16) / 2 : double(M) * K);
+  st.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -374,6 +395,11 @@ void summary(bool with_torch) {
   std::printf("machine: f32 FMA peak %.1f GFLOP/s, bf16 dot peak %.1f GFLOP/s, OpenBLAS sgemm 2048 %.1f GFLOP/s"
               " (OpenBLAS kernel: %s), memory read+write %.1f GB/s\n",
               fma / 1e9, dot / 1e9, sgemm / 1e9, core ? core : "default", bw / 1e9);
+  std::printf("tile products, one thread, GFLOP/s f32 / bf16:");
+  for (auto sh : {"M:128/N:128/K:128", "M:64/N:128/K:64", "M:32/N:64/K:128", "M:32/N:16/K:128"})
+    std::printf("  %s %.0f / %.0f", sh, counter(std::string("tile/") + sh + "/bf16:0/tri:" + (sh[2] == '6' ? "1" : "0"), "FLOP/s") / 1e9,
+                counter(std::string("tile/") + sh + "/bf16:1/tri:" + (sh[2] == '6' ? "1" : "0"), "FLOP/s") / 1e9);
+  std::printf("\n");
   std::printf("\n%7s | %10s %10s | %10s %10s %8s %8s | %9s %6s %6s | %8s | %7s %7s\n", "T", "rec tok/s",
               "recF tok/s", "f32 tok/s", "bf16 tok/s", "f32/rec", "f32/recF", "f32 GF/s", "%sgemm", "%FMA",
               "bf16/f32", "bwd/fwd", "bwd/fwdT");
@@ -416,6 +442,10 @@ void register_all() {
   benchmark::RegisterBenchmark("machine/fma_peak", BM_FmaPeak)->Arg(0)->Arg(1)->ArgName("bf16")->UseRealTime();
   benchmark::RegisterBenchmark("machine/sgemm_openblas", BM_Sgemm)->Arg(2048)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("machine/mem_rw", BM_MemReadWrite)->UseRealTime()->Unit(benchmark::kMillisecond);
+  for (int64_t bf : {0, 1})  // the chunk's products: state read, triangular, tile row, small tile
+    for (auto sh : {std::vector<int64_t>{128, 128, 128, bf, 0}, {64, 128, 64, bf, 1}, {32, 64, 128, bf, 0},
+                    {32, 16, 128, bf, 0}})
+      benchmark::RegisterBenchmark("tile", BM_Tile)->Args(sh)->ArgNames({"M", "N", "K", "bf16", "tri"})->UseRealTime();
   for (int64_t T : g_T) {
     benchmark::RegisterBenchmark("kda/recurrent_ref", BM_RecurrentRef)->Arg(T)->UseRealTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark("kda/recurrent_fast", BM_RecurrentFast)->Arg(T)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -1,8 +1,10 @@
-// One decoder layer with Block Attention Residuals (see decoder.h; K3_REFERENCE section 2).
+// One decoder layer with Block Attention Residuals, forward (see decoder.h; K3_REFERENCE
+// section 2). The backward is in decoder_backward.cpp.
 #include "model/decoder.h"
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
 #include "kernels/attn_res.h"
@@ -18,13 +20,18 @@ void grow(V& v, int64_t n) {
   if (v.size() < size_t(n)) v.resize(size_t(n));
 }
 
-// y += x over n floats.
-void add_into(float* y, const float* x, int64_t n) {
+// y += x over n values.
+template <typename R>
+void add_into(R* y, const R* x, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
-void save(std::vector<float>& dst, const float* src, int64_t n) { dst.assign(src, src + n); }
+// dst = src[0, n) (assign keeps the capacity: no allocation once grown).
+template <typename R>
+void save(std::vector<R>& dst, const R* src, int64_t n) {
+  dst.assign(src, src + n);
+}
 
 }  // namespace
 
@@ -60,64 +67,69 @@ ModelDims model_dims(const K3Config& c) {
   return m;
 }
 
-void BlockState::begin(int64_t T_, int64_t d_, int64_t cap_) {
+template <typename R>
+void BlockStateT<R>::begin(int64_t T_, int64_t d_, int64_t cap_) {
   T = T_, d = d_, cap = cap_, n = 0;
   partial_empty = false;
   grow(blocks, cap * T * d);
   grow(partial, T * d);
 }
 
-void block_attn_res(float* out, float* alpha, const BlockState& bs, const float* w_norm, const float* w_proj,
-                    int64_t row0, int64_t rows, double eps, std::vector<const float*>& src) {
+template <typename R>
+void block_attn_res(R* out, R* alpha, const BlockStateT<R>& bs, const R* w_norm, const R* w_proj, int64_t row0,
+                    int64_t rows, double eps, std::vector<const R*>& src) {
   const int64_t d = bs.d;
   K3_ASSERT(row0 >= 0 && row0 + rows <= bs.T && !bs.partial_empty, "block_attn_res: bad rows or empty partial");
   if (bs.n == 0) {  // a single source: softmax weight 1
-    std::memcpy(out, bs.partial.data() + row0 * d, sizeof(float) * size_t(rows * d));
-    if (alpha) std::fill(alpha, alpha + rows, 1.f);
+    std::memcpy(out, bs.partial.data() + row0 * d, sizeof(R) * size_t(rows * d));
+    if (alpha) std::fill(alpha, alpha + rows, R(1));
     return;
   }
   src.resize(size_t(bs.n + 1));
   for (int64_t i = 0; i < bs.n; ++i) src[size_t(i)] = bs.block(i) + row0 * d;
   src[size_t(bs.n)] = bs.partial.data() + row0 * d;
-  attn_res_forward<float>(out, alpha, src.data(), bs.n + 1, w_norm, w_proj, rows, d, eps);
+  attn_res_forward<R>(out, alpha, src.data(), bs.n + 1, w_norm, w_proj, rows, d, eps);
 }
 
-void decoder_layer_forward(BlockState& bs, LayerState& st, const LayerWeights& w, const ModelDims& dm, int64_t layer,
-                           int64_t T, MixerMode mode, KDAPath kda_path, LayerScratch& s, LayerRecord* rec) {
+template <typename R>
+void decoder_layer_forward(BlockStateT<R>& bs, LayerStateT<R>& st, const LayerWeightsT<R>& w, const ModelDims& dm,
+                           int64_t layer, int64_t T, MixerMode mode, KDAPath kda_path, LayerScratchT<R>& s,
+                           LayerRecordT<R>* rec) {
   const int64_t d = dm.d, n = T * d;
   K3_ASSERT(bs.T == T && bs.d == d && !bs.partial_empty, "decoder_layer_forward: block state not begun for T");
   K3_ASSERT(layer >= 0 && layer < dm.L && dm.block_size >= 1, "decoder_layer_forward: bad layer");
+  K3_ASSERT(!rec || mode == MixerMode::Prefill, "decoder_layer_forward: a record needs Prefill mode");
   grow(s.x, n);
   grow(s.h, n);
   grow(s.a, n);
   grow(s.rstd, T);
-  float* partial = bs.partial.data();
+  R* partial = bs.partial.data();
   if (rec) {
     rec->T = T;
     save(rec->partial_in, partial, n);
   }
 
   // 1. x = AttnRes_attn(blocks + [partial]), or partial itself before the first block.
-  const float* x = partial;
+  const R* x = partial;
   const int64_t nsrc1 = bs.n + 1;
   if (bs.n > 0) {
-    float* alpha = nullptr;
+    R* alpha = nullptr;
     if (rec) {
       rec->alpha_attn.resize(size_t(T * nsrc1));
       alpha = rec->alpha_attn.data();
     }
-    block_attn_res(s.x.data(), alpha, bs, w.attn_res_norm, w.attn_res_proj, 0, T, dm.eps, s.src);
+    block_attn_res<R>(s.x.data(), alpha, bs, w.attn_res_norm, w.attn_res_proj, 0, T, dm.eps, s.src);
     x = s.x.data();
   } else if (rec) {
-    rec->alpha_attn.assign(size_t(T), 1.f);
+    rec->alpha_attn.assign(size_t(T), R(1));
   }
   // The mixer input RMSNorm_in(x) is formed before partial can be overwritten (step 3).
-  float* rstd = s.rstd.data();
+  R* rstd = s.rstd.data();
   if (rec) {
     rec->rstd_attn.resize(size_t(T));
     rstd = rec->rstd_attn.data();
   }
-  rmsnorm_forward<float>(s.h.data(), rstd, x, w.input_norm, T, d, dm.eps);
+  rmsnorm_forward<R>(s.h.data(), rstd, x, w.input_norm, T, d, dm.eps);
   if (rec) {
     rec->n_src_attn = nsrc1;
     save(rec->x_attn, x, n);
@@ -128,22 +140,27 @@ void decoder_layer_forward(BlockState& bs, LayerState& st, const LayerWeights& w
   const bool append = layer % dm.block_size == 0;
   if (append) {
     K3_ASSERT(bs.n < bs.cap, "decoder_layer_forward: block stack capacity exceeded");
-    std::memcpy(bs.block(bs.n), partial, sizeof(float) * size_t(n));
+    std::memcpy(bs.block(bs.n), partial, sizeof(R) * size_t(n));
     ++bs.n;
     bs.partial_empty = true;
   }
   if (rec) rec->appended = append;
 
   // 3. a = Mixer(RMSNorm_in(x)); partial = partial + a (or a when the block just started).
-  float* a = bs.partial_empty ? partial : s.a.data();
+  R* a = bs.partial_empty ? partial : s.a.data();
   if (w.is_mla) {
-    if (mode == MixerMode::Prefill) mla_mixer_forward(a, st.mla, s.h.data(), w.mla, dm.mla_dims, T, s.mla);
-    else mla_mixer_decode(a, st.mla, s.h.data(), w.mla, dm.mla_dims, T, s.mla);
+    if (mode == MixerMode::Prefill) {
+      mla_mixer_forward<R>(a, st.mla, s.h.data(), w.mla, dm.mla_dims, T, s.mla, rec ? &rec->mla : nullptr);
+    } else if constexpr (std::is_same_v<R, float>) {
+      mla_mixer_decode(a, st.mla, s.h.data(), w.mla, dm.mla_dims, T, s.mla);
+    } else {
+      K3_ASSERT(false, "decoder_layer_forward: MLA Decode mode is float-only");
+    }
   } else {
     // Decode: one token takes the mixer's decode step (its fast or reference variant per
     // kda_path); several take the token-by-token recurrence.
     const KDAPath p = mode == MixerMode::Decode && T > 1 ? KDAPath::Recurrent : kda_path;
-    kda_mixer_forward<float>(a, st.kda, s.h.data(), w.kda, dm.kda, T, p, s.kda, rec ? &rec->kda : nullptr);
+    kda_mixer_forward<R>(a, st.kda, s.h.data(), w.kda, dm.kda, T, p, s.kda, rec ? &rec->kda : nullptr);
   }
   if (!bs.partial_empty) add_into(partial, a, n);
   bs.partial_empty = false;
@@ -153,20 +170,20 @@ void decoder_layer_forward(BlockState& bs, LayerState& st, const LayerWeights& w
   }
 
   // 4. x = AttnRes_mlp(blocks + [partial]).
-  float* alpha2 = nullptr;
+  R* alpha2 = nullptr;
   const int64_t nsrc2 = bs.n + 1;
   if (rec) {
     rec->n_src_mlp = nsrc2;
     rec->alpha_mlp.resize(size_t(T * nsrc2));
     alpha2 = rec->alpha_mlp.data();
   }
-  block_attn_res(s.x.data(), alpha2, bs, w.mlp_res_norm, w.mlp_res_proj, 0, T, dm.eps, s.src);
+  block_attn_res<R>(s.x.data(), alpha2, bs, w.mlp_res_norm, w.mlp_res_proj, 0, T, dm.eps, s.src);
   rstd = s.rstd.data();
   if (rec) {
     rec->rstd_mlp.resize(size_t(T));
     rstd = rec->rstd_mlp.data();
   }
-  rmsnorm_forward<float>(s.h.data(), rstd, s.x.data(), w.post_norm, T, d, dm.eps);
+  rmsnorm_forward<R>(s.h.data(), rstd, s.x.data(), w.post_norm, T, d, dm.eps);
   if (rec) {
     save(rec->x_mlp, s.x.data(), n);
     save(rec->h_mlp, s.h.data(), n);
@@ -174,10 +191,15 @@ void decoder_layer_forward(BlockState& bs, LayerState& st, const LayerWeights& w
 
   // 5. f = FFN(RMSNorm_post(x)); partial += f.
   if (w.is_moe) {
-    latent_moe_forward(s.a.data(), s.h.data(), w.moe, dm.moe, T, s.moe, rec ? &rec->routing : nullptr);
+    MoERoutingT<R>* routing = rec ? &rec->routing : nullptr;
+    LatentMoESavedT<R>* saved = rec ? &rec->moe : nullptr;
+    if constexpr (std::is_same_v<R, float>)
+      latent_moe_forward(s.a.data(), s.h.data(), w.moe, dm.moe, T, s.moe, routing, saved);
+    else  // the grouped path is float-only
+      latent_moe_forward_dense_reference<R>(s.a.data(), s.h.data(), w.moe, dm.moe, T, s.moe, routing, saved);
   } else {
-    float* gu = nullptr;
-    float* act = nullptr;
+    R* gu = nullptr;
+    R* act = nullptr;
     if (rec) {
       rec->dense_gu.resize(size_t(T * 2 * dm.dense_I));
       rec->dense_act.resize(size_t(T * dm.dense_I));
@@ -187,11 +209,24 @@ void decoder_layer_forward(BlockState& bs, LayerState& st, const LayerWeights& w
       grow(s.act, T * dm.dense_I);
       gu = s.gu.data(), act = s.act.data();
     }
-    dense_ffn_forward<float>(s.a.data(), gu, act, s.h.data(), w.dense_gate, w.dense_up, w.dense_down, T, d, dm.dense_I,
-                             dm.situ_b1, dm.situ_b2);
+    dense_ffn_forward<R>(s.a.data(), gu, act, s.h.data(), w.dense_gate, w.dense_up, w.dense_down, T, d, dm.dense_I,
+                         dm.situ_b1, dm.situ_b2);
   }
   add_into(partial, s.a.data(), n);
   if (rec) save(rec->ffn_out, s.a.data(), n);
 }
+
+template struct BlockStateT<float>;
+template struct BlockStateT<double>;
+template void block_attn_res<float>(float*, float*, const BlockStateT<float>&, const float*, const float*, int64_t,
+                                    int64_t, double, std::vector<const float*>&);
+template void block_attn_res<double>(double*, double*, const BlockStateT<double>&, const double*, const double*,
+                                     int64_t, int64_t, double, std::vector<const double*>&);
+template void decoder_layer_forward<float>(BlockStateT<float>&, LayerStateT<float>&, const LayerWeightsT<float>&,
+                                           const ModelDims&, int64_t, int64_t, MixerMode, KDAPath,
+                                           LayerScratchT<float>&, LayerRecordT<float>*);
+template void decoder_layer_forward<double>(BlockStateT<double>&, LayerStateT<double>&, const LayerWeightsT<double>&,
+                                            const ModelDims&, int64_t, int64_t, MixerMode, KDAPath,
+                                            LayerScratchT<double>&, LayerRecordT<double>*);
 
 }  // namespace k3

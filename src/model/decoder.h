@@ -12,6 +12,15 @@
 // AttnRes mixes per token, so the block state never crosses positions: only the mixers carry
 // state across calls (LayerState). Block sums live in one [cap, T, d] buffer (no per-layer
 // allocation); AttnRes reads them in place through a list of source pointers.
+//
+// Everything is a template on the scalar type R: float for inference and training, double for
+// the whole-model gradient checks (one wiring, two instantiations). In double the MoE block
+// runs its dense reference (the grouped path is float-only), the KDA Fast path is the chunked
+// reference, and MLA Decode mode is unavailable (the absorbed decode is float-only).
+// LayerWeights, LayerRecord, ... are the float instantiations.
+//
+// Backward (decoder_backward.cpp): decoder_layer_backward reverses the five steps from a
+// LayerRecordT filled by a training forward (full sequence, fresh state, empty MLA cache).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -40,90 +49,164 @@ struct ModelDims {
 ModelDims model_dims(const K3Config& c);
 
 // Views of one layer's parameters (nn.Linear layout [out, in]); built once per layer.
-struct LayerWeights {
-  const float* input_norm = nullptr;     // [d] input_layernorm
-  const float* post_norm = nullptr;      // [d] post_attention_layernorm
-  const float* attn_res_norm = nullptr;  // [d] self_attention_res_norm
-  const float* attn_res_proj = nullptr;  // [d] self_attention_res_proj ([1, d])
-  const float* mlp_res_norm = nullptr;   // [d] mlp_res_norm
-  const float* mlp_res_proj = nullptr;   // [d] mlp_res_proj ([1, d])
+template <typename R>
+struct LayerWeightsT {
+  const R* input_norm = nullptr;     // [d] input_layernorm
+  const R* post_norm = nullptr;      // [d] post_attention_layernorm
+  const R* attn_res_norm = nullptr;  // [d] self_attention_res_norm
+  const R* attn_res_proj = nullptr;  // [d] self_attention_res_proj ([1, d])
+  const R* mlp_res_norm = nullptr;   // [d] mlp_res_norm
+  const R* mlp_res_proj = nullptr;   // [d] mlp_res_proj ([1, d])
   bool is_mla = false;
-  KDAWeights kda{};                      // KDA layers
-  MLAWeights mla{};                      // MLA layers
+  KDAWeightsT<R> kda{};              // KDA layers
+  MLAWeightsT<R> mla{};              // MLA layers
   bool is_moe = false;
-  LatentMoEWeights moe{};                // MoE layers (ExpertMatrix per routed expert matrix)
-  const float* dense_gate = nullptr;     // [I, d] mlp.gate_proj (dense layers)
-  const float* dense_up = nullptr;       // [I, d] mlp.up_proj
-  const float* dense_down = nullptr;     // [d, I] mlp.down_proj
+  LatentMoEWeightsT<R> moe{};        // MoE layers (ExpertMatrix per routed expert matrix)
+  const R* dense_gate = nullptr;     // [I, d] mlp.gate_proj (dense layers)
+  const R* dense_up = nullptr;       // [I, d] mlp.up_proj
+  const R* dense_down = nullptr;     // [d, I] mlp.down_proj
 };
+using LayerWeights = LayerWeightsT<float>;
+
+// Gradient views of one layer, field for field the shapes of LayerWeightsT (accumulated, +=).
+// The router bias has none. Built by rebase_grads from the layer's weight views.
+template <typename R>
+struct LayerGradsT {
+  R* input_norm = nullptr;     // [d]
+  R* post_norm = nullptr;      // [d]
+  R* attn_res_norm = nullptr;  // [d]
+  R* attn_res_proj = nullptr;  // [d]
+  R* mlp_res_norm = nullptr;   // [d]
+  R* mlp_res_proj = nullptr;   // [d]
+  KDAGradsT<R> kda{};          // KDA layers
+  MLAGradsT<R> mla{};          // MLA layers
+  LatentMoEGradsT<R> moe{};    // MoE layers (experts: E entries)
+  R* dense_gate = nullptr;     // [I, d]
+  R* dense_up = nullptr;       // [I, d]
+  R* dense_down = nullptr;     // [d, I]
+};
+using LayerGrads = LayerGradsT<float>;
+
+// The gradient views of a buffer `to` carved exactly like the weight buffer `from` that `w`
+// views (same ParamLayout, Plain experts): every pointer p of w becomes to + (p - from).
+// Fills g in place (its expert vector keeps its capacity: no allocation in steady state).
+template <typename R>
+void rebase_grads(LayerGradsT<R>& g, const LayerWeightsT<R>& w, const R* from, R* to);
 
 // Carried per-layer decode state: the KDA recurrent + conv states, or the MLA latent cache.
-struct LayerState {
-  KDAState kda;
-  MLACache mla;
+template <typename R>
+struct LayerStateT {
+  KDAStateT<R> kda;
+  MLACacheT<R> mla;
 };
+using LayerState = LayerStateT<float>;
 
 // The Block AttnRes stack of one call.
-struct BlockState {
-  std::vector<float> blocks;   // [cap, T, d] completed block sums, the first n valid
-  std::vector<float> partial;  // [T, d]
+template <typename R>
+struct BlockStateT {
+  std::vector<R> blocks;   // [cap, T, d] completed block sums, the first n valid
+  std::vector<R> partial;  // [T, d]
   int64_t n = 0, T = 0, d = 0, cap = 0;
   bool partial_empty = false;
   // Sizes the buffers (grow only) and empties the stack; the caller then fills `partial`.
   void begin(int64_t T, int64_t d, int64_t cap);
-  float* block(int64_t i) { return blocks.data() + i * T * d; }
-  const float* block(int64_t i) const { return blocks.data() + i * T * d; }
+  R* block(int64_t i) { return blocks.data() + i * T * d; }
+  const R* block(int64_t i) const { return blocks.data() + i * T * d; }
 };
+using BlockState = BlockStateT<float>;
 
 // Which mixer kernels run: Prefill (chunked/fast KDA core or the recurrent reference, per
 // kda_path; MLA expanded over the latent cache) or Decode (KDA token-by-token recurrence:
 // the decode step for one token, the recurrent reference for several; MLA absorbed).
 enum class MixerMode { Prefill, Decode };
 
-// Per-layer slots for the activations a backward pass needs. The wiring fills what it computes
-// itself (AttnRes reads, norms, residual stream, routing, dense FFN); the KDA mixer fills
-// `kda` through its KDASaved argument. The training engine may extend this with the MLA and
-// MoE mixers' saved structs.
-struct LayerRecord {
+// Per-layer saved activations of a training forward (filled when a record is passed: full
+// sequence, fresh state, empty MLA cache). The wiring fills what it computes itself (AttnRes
+// reads, norms, residual stream, dense FFN); the mixers and the MoE block fill their own
+// saved structs. Buffers grow only (steady-state training does not allocate).
+template <typename R>
+struct LayerRecordT {
   int64_t T = 0;
   int64_t n_src_attn = 0, n_src_mlp = 0;  // AttnRes sources (blocks + partial; 1: x = partial, alpha 1)
   bool appended = false;                  // step 2 appended partial to blocks
-  std::vector<float> partial_in;          // [T, d] partial at layer entry
-  std::vector<float> x_attn;              // [T, d] step 1 output (mixer branch, before the norm)
-  std::vector<float> alpha_attn;          // [T, n_src_attn]
-  std::vector<float> h_attn;              // [T, d] RMSNorm_in(x_attn), the mixer input
-  std::vector<float> rstd_attn;           // [T]
-  std::vector<float> mixer_out;           // [T, d] a
-  std::vector<float> partial_mid;         // [T, d] partial after step 3
-  std::vector<float> x_mlp;               // [T, d] step 4 output
-  std::vector<float> alpha_mlp;           // [T, n_src_mlp]
-  std::vector<float> h_mlp;               // [T, d] RMSNorm_post(x_mlp), the FFN input
-  std::vector<float> rstd_mlp;            // [T]
-  std::vector<float> ffn_out;             // [T, d] f
-  KDASaved kda;                           // KDA layers: filled by kda_mixer_forward
-  MoERouting routing;                     // MoE layers: routing decisions
-  std::vector<float> dense_gu, dense_act; // dense layers: [T, 2I], [T, I]
+  std::vector<R> partial_in;              // [T, d] partial at layer entry
+  std::vector<R> x_attn;                  // [T, d] step 1 output (mixer branch, before the norm)
+  std::vector<R> alpha_attn;              // [T, n_src_attn]
+  std::vector<R> h_attn;                  // [T, d] RMSNorm_in(x_attn), the mixer input
+  std::vector<R> rstd_attn;               // [T]
+  std::vector<R> mixer_out;               // [T, d] a
+  std::vector<R> partial_mid;             // [T, d] partial after step 3
+  std::vector<R> x_mlp;                   // [T, d] step 4 output
+  std::vector<R> alpha_mlp;               // [T, n_src_mlp]
+  std::vector<R> h_mlp;                   // [T, d] RMSNorm_post(x_mlp), the FFN input
+  std::vector<R> rstd_mlp;                // [T]
+  std::vector<R> ffn_out;                 // [T, d] f
+  KDASavedT<R> kda;                       // KDA layers: filled by kda_mixer_forward
+  MLASavedT<R> mla;                       // MLA layers: filled by mla_mixer_forward
+  LatentMoESavedT<R> moe;                 // MoE layers: filled by the MoE forward (routing in moe.routing)
+  MoERoutingT<R> routing;                 // MoE layers: a copy of the routing decisions
+  std::vector<R> dense_gu, dense_act;     // dense layers: [T, 2I], [T, I]
 };
+using LayerRecord = LayerRecordT<float>;
 
-// Reusable buffers of the layer (grow only; steady-state calls do not allocate).
-struct LayerScratch {
-  std::vector<float> x, h, a, alpha, rstd, gu, act;
-  std::vector<const float*> src;
-  KDAScratch kda;
-  MLAScratch mla;
-  MoEScratch moe;
+// Reusable buffers of the layer (grow only; steady-state calls do not allocate). The d*
+// buffers are the backward's.
+template <typename R>
+struct LayerScratchT {
+  std::vector<R> x, h, a, alpha, rstd, gu, act;
+  std::vector<const R*> src;
+  std::vector<R> dx, dh, dgu, dact;  // backward: [T, d], [T, d], [T, 2I], [T, I]
+  std::vector<R*> dsrc;
+  KDAScratchT<R> kda;
+  MLAScratchT<R> mla;
+  MoEScratchT<R> moe;
 };
+using LayerScratch = LayerScratchT<float>;
 
 // Runs layer `layer` (0-based) on the block state of T tokens. st: this layer's carried state
-// (KDA state reset / MLA cache cleared for a fresh sequence). rec: optional saved activations.
-void decoder_layer_forward(BlockState& bs, LayerState& st, const LayerWeights& w, const ModelDims& dims,
-                           int64_t layer, int64_t T, MixerMode mode, KDAPath kda_path, LayerScratch& s,
-                           LayerRecord* rec = nullptr);
+// (KDA state reset / MLA cache cleared for a fresh sequence). rec: optional saved activations
+// (training: Prefill mode, fresh state).
+template <typename R>
+void decoder_layer_forward(BlockStateT<R>& bs, LayerStateT<R>& st, const LayerWeightsT<R>& w, const ModelDims& dims,
+                           int64_t layer, int64_t T, MixerMode mode, KDAPath kda_path, LayerScratchT<R>& s,
+                           LayerRecordT<R>* rec = nullptr);
+
+// Gradient of the block state, mirroring BlockStateT: dblocks[i] is the loss gradient w.r.t.
+// completed block i, dpartial w.r.t. the partial sum (both [T, d]). The backward of layer i
+// turns the gradient of the state after the layer into that of the state before it.
+template <typename R>
+struct BlockGradT {
+  std::vector<R> dblocks;   // [cap, T, d], the first n valid
+  std::vector<R> dpartial;  // [T, d]
+  int64_t n = 0, T = 0, d = 0, cap = 0;
+  // Sizes the buffers (grow only) for n completed blocks and zero-fills all gradients.
+  void begin(int64_t T, int64_t d, int64_t cap, int64_t n);
+  R* dblock(int64_t i) { return dblocks.data() + i * T * d; }
+  const R* dblock(int64_t i) const { return dblocks.data() + i * T * d; }
+};
+using BlockGrad = BlockGradT<float>;
+
+// Backward of decoder_layer_forward for the call that filled `rec` (same weights, dims and
+// layer): on entry bg holds the gradient of the block state after the layer, on return that
+// of the state before it (n decreases by one where the layer appended a block). Parameter
+// gradients accumulate (+=) into g. dscores_aux [T, E] (MoE layers, optional): an extra
+// gradient of the router's sigmoid scores (the auxiliary balance loss).
+//   5. partial'' = partial' + f:  d partial' = d partial'';  d f = d partial''
+//   4. x2 = AttnRes_mlp(blocks' + [partial']): sources accumulate (attn_res_backward)
+//   3. partial' = partial + a (or a): d a = d partial'; appended: d partial = d blocks[n]
+//   1. x1 = AttnRes_attn(blocks + [partial]) (or partial): sources accumulate
+// blocks: the forward's completed block sums [>= n, T, d] (ForwardRecordT::blocks; blocks never
+// change once appended, so the final stack holds every layer's sources).
+template <typename R>
+void decoder_layer_backward(BlockGradT<R>& bg, const LayerRecordT<R>& rec, const R* blocks, const LayerWeightsT<R>& w,
+                            const LayerGradsT<R>& g, const ModelDims& dims, int64_t layer, LayerScratchT<R>& s,
+                            const R* dscores_aux = nullptr);
 
 // An AttnRes read over blocks + [partial], token rows [row0, row0 + rows) of the stack, into
 // out [rows, d] (alpha [rows, n + 1] optional); with no completed blocks, out = partial.
 // Used by steps 1 and 4 and by the output read (which may read the last row only).
-void block_attn_res(float* out, float* alpha, const BlockState& bs, const float* w_norm, const float* w_proj,
-                    int64_t row0, int64_t rows, double eps, std::vector<const float*>& src);
+template <typename R>
+void block_attn_res(R* out, R* alpha, const BlockStateT<R>& bs, const R* w_norm, const R* w_proj, int64_t row0,
+                    int64_t rows, double eps, std::vector<const R*>& src);
 
 }  // namespace k3

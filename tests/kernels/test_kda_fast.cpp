@@ -151,7 +151,7 @@ TEST(KdaTileProducts, F32MatchesReference) {
                         {64, 64, 64, true, Tri::Upper, false, false},    {13, 16, 13, true, Tri::Lower, true, true},
                         {32, 16, 128, false, Tri::None, true, false}};
   for (const auto& c : cases) {
-    std::vector<float> A(c.M * c.K > c.K * c.M ? c.M * c.K : c.K * c.M), B(c.K * c.N), cs(c.N), C0(c.M * c.N);
+    std::vector<float> A(c.M * c.K), B(c.K * c.N), cs(c.N), C0(c.M * c.N);
     for (auto& e : A) e = n(rng);
     for (auto& e : B) e = n(rng);
     for (auto& e : cs) e = n(rng);

@@ -64,13 +64,24 @@ def decoder_layer(cfg, i, lp, blocks, partial, kda_impl="recurrent", chunk=32):
     return blocks, partial + f
 
 
+def split_layers(cfg, params):
+    """Per-layer dicts of short names (one pass over the names)."""
+    layers = [{} for _ in range(cfg.num_hidden_layers)]
+    lp = PREFIX + "layers."
+    for name, t in params.items():
+        if name.startswith(lp):
+            i, rest = name[len(lp):].split(".", 1)
+            layers[int(i)][rest] = t
+    return layers
+
+
 def forward(cfg, params, ids, kda_impl="recurrent", chunk=32):
     """ids [B, T] int64 -> logits [B, T, V] in the parameters' dtype."""
     eps = cfg.rms_norm_eps
     partial = Fn.embedding(ids, params[PREFIX + "embed_tokens.weight"])
     blocks = []
-    for i in range(cfg.num_hidden_layers):
-        blocks, partial = decoder_layer(cfg, i, sub(params, layer_prefix(i)), blocks, partial, kda_impl, chunk)
+    for i, lp in enumerate(split_layers(cfg, params)):
+        blocks, partial = decoder_layer(cfg, i, lp, blocks, partial, kda_impl, chunk)
     h = ops.attn_res(blocks + [partial], params[PREFIX + "final_res_norm.weight"],
                      params[PREFIX + "final_res_proj.weight"], eps)
     h = ops.rms_norm(h, params[PREFIX + "norm.weight"], eps)
