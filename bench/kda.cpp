@@ -360,7 +360,7 @@ std::pair<double, double> torch_run(int64_t T) {
   dump("q.bin", d.q), dump("k.bin", d.k), dump("v.bin", d.v), dump("g.bin", d.g), dump("beta.bin", d.beta);
   const std::string cmd = "/usr/bin/python3 " + src + "/tools/kda_torch_bench.py --dir " + dir +
                           " --T " + std::to_string(T) + " --H " + std::to_string(kH) + " --D " + std::to_string(kD) +
-                          " --threads " + std::to_string(num_threads()) + " --repeats " + (T > 20000 ? "1" : "3");
+                          " --threads " + std::to_string(num_threads()) + " --repeats " + (T > 4096 ? "1" : "3");
   std::string out;
   if (FILE* p = popen(cmd.c_str(), "r")) {
     char buf[512];

@@ -69,7 +69,8 @@ class KDAWorkspace {
   std::unique_ptr<Impl> impl_;
 };
 
-// state [H, Dk, Dv]: initial state in (zeros for a fresh sequence), final state out.
+// state [H, Dk, Dv]: initial state in (zeros for a fresh sequence), final state out; null
+// means a zero initial state and no final state. o may be null (a state-only pass).
 void kda_chunk_fast_forward(float* o, float* state, const float* q, const float* k, const float* v, const float* g,
                             const float* beta, int64_t Tn, int64_t H, int64_t Dk, int64_t Dv, double scale,
                             const KDAFastOptions& opt, KDAWorkspace& ws);

@@ -112,8 +112,10 @@ void decoder_layer_forward(BlockStateT<R>& bs, LayerStateT<R>& st, const LayerWe
   // 1. x = AttnRes_attn(blocks + [partial]), or partial itself before the first block.
   const R* x = partial;
   const int64_t nsrc1 = bs.n + 1;
+  // alpha always goes to a buffer (saved, or the scratch): attn_res_forward would allocate.
+  grow(s.alpha, T * (bs.n + 2));
   if (bs.n > 0) {
-    R* alpha = nullptr;
+    R* alpha = s.alpha.data();
     if (rec) {
       rec->alpha_attn.resize(size_t(T * nsrc1));
       alpha = rec->alpha_attn.data();
@@ -170,7 +172,7 @@ void decoder_layer_forward(BlockStateT<R>& bs, LayerStateT<R>& st, const LayerWe
   }
 
   // 4. x = AttnRes_mlp(blocks + [partial]).
-  R* alpha2 = nullptr;
+  R* alpha2 = s.alpha.data();
   const int64_t nsrc2 = bs.n + 1;
   if (rec) {
     rec->n_src_mlp = nsrc2;

@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "core/error.h"
 #include "kernels/gemm.h"
@@ -19,11 +20,11 @@ void grow(V& v, int64_t n) {
 
 // Builds one layer's views; `P(name)` gives a parameter's f32 pointer, `X(name)` a routed
 // expert matrix.
-template <typename ParamFn, typename ExpertFn>
-LayerWeights bind_layer(const K3Config& c, int64_t layer, ParamFn&& P_full, ExpertFn&& X) {
+template <typename R, typename ParamFn, typename ExpertFn>
+LayerWeightsT<R> bind_layer(const K3Config& c, int64_t layer, ParamFn&& P_full, ExpertFn&& X) {
   const std::string p = layer_prefix(layer);
   auto P = [&](const std::string& suffix) { return P_full(p + suffix); };
-  LayerWeights L;
+  LayerWeightsT<R> L;
   L.input_norm = P("input_layernorm.weight");
   L.post_norm = P("post_attention_layernorm.weight");
   L.attn_res_norm = P("self_attention_res_norm.weight");
@@ -42,7 +43,7 @@ LayerWeights bind_layer(const K3Config& c, int64_t layer, ParamFn&& P_full, Expe
     L.mla.o_proj = P(a + "o_proj.weight");
     L.mla.g_proj = c.mla_use_output_gate ? P(a + "g_proj.weight") : nullptr;
   } else {
-    KDAWeights& k = L.kda;
+    KDAWeightsT<R>& k = L.kda;
     k.q_proj = P(a + "q_proj.weight");
     k.k_proj = P(a + "k_proj.weight");
     k.v_proj = P(a + "v_proj.weight");
@@ -66,7 +67,7 @@ LayerWeights bind_layer(const K3Config& c, int64_t layer, ParamFn&& P_full, Expe
     return L;
   }
   const std::string m = "block_sparse_moe.";
-  LatentMoEWeights& e = L.moe;
+  LatentMoEWeightsT<R>& e = L.moe;
   e.router = P(m + "gate.weight");
   e.router_bias = P(m + "gate.e_score_correction_bias");
   e.down = P(m + "routed_expert_down_proj.weight");
@@ -110,52 +111,69 @@ LayerWeights layer_weights(const WeightStore& w, int64_t layer) {
     }
     return m;
   };
-  return bind_layer(w.config(), layer, P, X);
+  return bind_layer<float>(w.config(), layer, P, X);
 }
 
-LayerWeights layer_views(const ParamLayout& lay, const K3Config& c, const float* base, int64_t layer) {
+template <typename R>
+LayerWeightsT<R> layer_views(const ParamLayout& lay, const K3Config& c, const R* base, int64_t layer) {
   K3_ASSERT(lay.experts() == ExpertStorage::Plain, "layer_views needs a layout with every parameter in the buffer");
   auto P = [&](const std::string& name) { return base + lay.offset(lay.index(name)); };
   auto X = [&](const std::string& name) {
     const size_t i = lay.index(name);
-    return ExpertMatrix{base + lay.offset(i), nullptr, lay.spec(i).shape[0], lay.spec(i).shape[1]};
+    return ExpertMatrixT<R>{base + lay.offset(i), nullptr, lay.spec(i).shape[0], lay.spec(i).shape[1]};
   };
-  return bind_layer(c, layer, P, X);
+  return bind_layer<R>(c, layer, P, X);
 }
 
-void DecodeState::reset(const ModelDims& dims) {
+template <typename R>
+void DecodeStateT<R>::reset(const ModelDims& dims) {
   layers.resize(size_t(dims.L));
   for (int64_t i = 0; i < dims.L; ++i) {
-    LayerState& l = layers[size_t(i)];
+    LayerStateT<R>& l = layers[size_t(i)];
     if (dims.mla[size_t(i)]) l.mla.clear();
     else l.kda.reset(dims.kda);
   }
   n_tokens = 0;
 }
 
-void DecodeState::reserve(int64_t tokens, const ModelDims& dims) {
+template <typename R>
+void DecodeStateT<R>::reserve(int64_t tokens, const ModelDims& dims) {
   for (int64_t i = 0; i < dims.L && i < int64_t(layers.size()); ++i)
     if (dims.mla[size_t(i)]) layers[size_t(i)].mla.reserve(tokens, dims.mla_dims);
 }
 
-K3Model::K3Model(WeightStore weights) : store_(std::move(weights)), dims_(model_dims(store_.config())) {
-  layers_.reserve(size_t(dims_.L));
-  for (int64_t i = 0; i < dims_.L; ++i) layers_.push_back(layer_weights(store_, i));
-  embed_ = store_.param(kModelPrefix + "embed_tokens.weight");
-  final_res_norm_ = store_.param(kModelPrefix + "final_res_norm.weight");
-  final_res_proj_ = store_.param(kModelPrefix + "final_res_proj.weight");
-  final_norm_ = store_.param(kModelPrefix + "norm.weight");
-  lm_head_ = config().tie_word_embeddings ? embed_ : store_.param(kLmHeadName);
+template <typename R>
+K3ModelT<R>::K3ModelT(WeightStore weights) : store_(std::move(weights)), dims_(model_dims(store_.config())) {
+  if constexpr (std::is_same_v<R, float>) {
+    params_ = store_.data();
+    layers_.reserve(size_t(dims_.L));
+    for (int64_t i = 0; i < dims_.L; ++i) layers_.push_back(layer_weights(store_, i));
+  } else {
+    K3_ASSERT(store_.expert_storage() == ExpertStorage::Plain, "K3ModelT<double> needs Plain experts");
+    copy_.assign(store_.data(), store_.data() + store_.size());
+    params_ = copy_.data();
+    layers_.reserve(size_t(dims_.L));
+    for (int64_t i = 0; i < dims_.L; ++i) layers_.push_back(layer_views<R>(store_.layout(), config(), params_, i));
+  }
+  const ParamLayout& lay = store_.layout();
+  auto P = [&](const std::string& name) { return params_ + lay.offset(lay.index(name)); };
+  embed_ = P(kModelPrefix + "embed_tokens.weight");
+  final_res_norm_ = P(kModelPrefix + "final_res_norm.weight");
+  final_res_proj_ = P(kModelPrefix + "final_res_proj.weight");
+  final_norm_ = P(kModelPrefix + "norm.weight");
+  lm_head_ = config().tie_word_embeddings ? embed_ : P(kLmHeadName);
 }
 
-DecodeState K3Model::new_state() const {
-  DecodeState st;
+template <typename R>
+DecodeStateT<R> K3ModelT<R>::new_state() const {
+  DecodeStateT<R> st;
   st.reset(dims_);
   return st;
 }
 
-void K3Model::forward(float* logits, const int32_t* ids, int64_t T, DecodeState& st, ForwardScratch& s,
-                      const ForwardOptions& opt, ForwardRecord* rec) const {
+template <typename R>
+void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT<R>& st, ForwardScratchT<R>& s,
+                          const ForwardOptions& opt, ForwardRecordT<R>* rec) const {
   const int64_t d = dims_.d, V = dims_.V;
   K3_ASSERT(int64_t(st.layers.size()) == dims_.L, "K3Model::forward: DecodeState not reset for this model");
   if (T <= 0) return;
@@ -165,17 +183,19 @@ void K3Model::forward(float* logits, const int32_t* ids, int64_t T, DecodeState&
            " is outside the vocabulary [0, " + std::to_string(V) + ")");
 
   // Before layer 0: partial = token embedding, no completed blocks.
-  BlockState& bs = s.bs;
+  BlockStateT<R>& bs = s.bs;
   bs.begin(T, d, dims_.max_blocks());
   for (int64_t t = 0; t < T; ++t)
-    std::memcpy(bs.partial.data() + t * d, embed_ + int64_t(ids[t]) * d, sizeof(float) * size_t(d));
+    std::memcpy(bs.partial.data() + t * d, embed_ + int64_t(ids[t]) * d, sizeof(R) * size_t(d));
 
   if (rec) {
+    K3_ASSERT(opt.mode == MixerMode::Prefill && st.n_tokens == 0, "K3Model::forward: a record needs a fresh Prefill");
     rec->T = T;
+    rec->last_only = opt.last_only;
     rec->layers.resize(size_t(dims_.L));
   }
   for (int64_t i = 0; i < dims_.L; ++i)
-    decoder_layer_forward(bs, st.layers[size_t(i)], layers_[size_t(i)], dims_, i, T, opt.mode, opt.kda_path, s.layer,
+    decoder_layer_forward<R>(bs, st.layers[size_t(i)], layers_[size_t(i)], dims_, i, T, opt.mode, opt.kda_path, s.layer,
                           rec ? &rec->layers[size_t(i)] : nullptr);
   st.n_tokens += T;
 
@@ -184,7 +204,8 @@ void K3Model::forward(float* logits, const int32_t* ids, int64_t T, DecodeState&
   grow(s.h_out, rows * d);
   grow(s.h_final, rows * d);
   grow(s.rstd, rows);
-  float* alpha = nullptr;
+  grow(s.alpha, rows * (bs.n + 1));  // attn_res_forward would allocate without a buffer
+  R* alpha = s.alpha.data();
   if (rec) {
     rec->n_blocks = bs.n;
     rec->blocks.assign(bs.blocks.begin(), bs.blocks.begin() + bs.n * T * d);
@@ -192,8 +213,8 @@ void K3Model::forward(float* logits, const int32_t* ids, int64_t T, DecodeState&
     rec->alpha_out.resize(size_t(rows * (bs.n + 1)));
     alpha = rec->alpha_out.data();
   }
-  block_attn_res(s.h_out.data(), alpha, bs, final_res_norm_, final_res_proj_, row0, rows, dims_.eps, s.src);
-  rmsnorm_forward<float>(s.h_final.data(), s.rstd.data(), s.h_out.data(), final_norm_, rows, d, dims_.eps);
+  block_attn_res<R>(s.h_out.data(), alpha, bs, final_res_norm_, final_res_proj_, row0, rows, dims_.eps, s.src);
+  rmsnorm_forward<R>(s.h_final.data(), s.rstd.data(), s.h_out.data(), final_norm_, rows, d, dims_.eps);
   linear(logits, s.h_final.data(), lm_head_, rows, d, V);
   if (rec) {
     rec->h_out.assign(s.h_out.begin(), s.h_out.begin() + rows * d);
@@ -201,5 +222,12 @@ void K3Model::forward(float* logits, const int32_t* ids, int64_t T, DecodeState&
     rec->h_final.assign(s.h_final.begin(), s.h_final.begin() + rows * d);
   }
 }
+
+template LayerWeightsT<float> layer_views<float>(const ParamLayout&, const K3Config&, const float*, int64_t);
+template LayerWeightsT<double> layer_views<double>(const ParamLayout&, const K3Config&, const double*, int64_t);
+template struct DecodeStateT<float>;
+template struct DecodeStateT<double>;
+template class K3ModelT<float>;
+template class K3ModelT<double>;
 
 }  // namespace k3

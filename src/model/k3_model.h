@@ -5,6 +5,13 @@
 // step, absorbed MLA over the latent cache): the DecodeState carries each layer's mixer state
 // between calls, so prefill + decode steps equal one forward over all tokens.
 // The model owns its WeightStore and builds each layer's weight views once.
+//
+// K3ModelT<R> is a template on the scalar type: K3Model = K3ModelT<float> is the engine;
+// K3ModelT<double> holds a double copy of the same WeightStore values (Plain experts only)
+// and runs the same wiring in double (decoder.h) for gradient checks. The backward
+// (k3_model_backward.cpp) takes the ForwardRecordT of a training forward and the gradient
+// of the logits and accumulates every parameter's gradient into a buffer carved like the
+// weights.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -16,12 +23,14 @@ namespace k3 {
 
 // Decode state of one sequence: per layer the KDA recurrent + conv states or the MLA latent
 // cache (c_kv and k_rope per token), and the number of tokens consumed.
-struct DecodeState {
-  std::vector<LayerState> layers;  // [L]
+template <typename R>
+struct DecodeStateT {
+  std::vector<LayerStateT<R>> layers;  // [L]
   int64_t n_tokens = 0;
   void reset(const ModelDims& dims);                    // fresh sequence: zero states, empty caches
   void reserve(int64_t tokens, const ModelDims& dims);  // pre-size the MLA caches
 };
+using DecodeState = DecodeStateT<float>;
 
 struct ForwardOptions {
   MixerMode mode = MixerMode::Prefill;
@@ -30,61 +39,101 @@ struct ForwardOptions {
 };
 
 // Saved activations of one forward call, for a backward pass (filled only when passed). With
-// last_only the output-read fields cover the last row only.
-struct ForwardRecord {
+// last_only the output-read fields cover the last row only (no backward then).
+template <typename R>
+struct ForwardRecordT {
   int64_t T = 0;
-  std::vector<LayerRecord> layers;  // [L]
-  int64_t n_blocks = 0;             // completed blocks after the last layer
-  std::vector<float> blocks;        // [n_blocks, T, d]
-  std::vector<float> partial;       // [T, d] final partial sum
-  std::vector<float> alpha_out;     // [rows, n_blocks + 1] output AttnRes weights
-  std::vector<float> h_out;         // [rows, d] AttnRes_out(blocks + [partial])
-  std::vector<float> rstd_final;    // [rows]
-  std::vector<float> h_final;       // [rows, d] final RMSNorm output, the lm_head input
+  bool last_only = false;
+  std::vector<LayerRecordT<R>> layers;  // [L]
+  int64_t n_blocks = 0;                 // completed blocks after the last layer
+  std::vector<R> blocks;                // [n_blocks, T, d]
+  std::vector<R> partial;               // [T, d] final partial sum
+  std::vector<R> alpha_out;             // [rows, n_blocks + 1] output AttnRes weights
+  std::vector<R> h_out;                 // [rows, d] AttnRes_out(blocks + [partial])
+  std::vector<R> rstd_final;            // [rows]
+  std::vector<R> h_final;               // [rows, d] final RMSNorm output, the lm_head input
 };
+using ForwardRecord = ForwardRecordT<float>;
 
 // Reusable buffers of a forward call (grow only).
-struct ForwardScratch {
-  BlockState bs;
-  LayerScratch layer;
-  std::vector<float> h_out, h_final, rstd;
-  std::vector<const float*> src;
+template <typename R>
+struct ForwardScratchT {
+  BlockStateT<R> bs;
+  LayerScratchT<R> layer;
+  std::vector<R> h_out, h_final, rstd, alpha;
+  std::vector<const R*> src;
 };
+using ForwardScratch = ForwardScratchT<float>;
+
+// Reusable buffers of a backward call (grow only): the block-state gradient, the output
+// chain's gradients and the per-layer gradient views.
+template <typename R>
+struct BackwardScratchT {
+  BlockGradT<R> bg;
+  std::vector<R> dh_final, dh_out;  // [T, d]
+  std::vector<LayerGradsT<R>> grads;  // [L] views of the gradient buffer (rebased every call)
+  std::vector<const R*> src;
+  std::vector<R*> dsrc;
+};
+using BackwardScratch = BackwardScratchT<float>;
 
 // Views of layer `layer`'s parameters in the store (routed experts f32 or MXFP4 per the store).
 LayerWeights layer_weights(const WeightStore& w, int64_t layer);
-// The same views over any buffer carved by a Plain `lay` (e.g. the gradient buffer or an
-// optimizer moment that mirrors the store): pointer = base + lay.offset(spec).
-LayerWeights layer_views(const ParamLayout& lay, const K3Config& c, const float* base, int64_t layer);
+// The same views over any buffer carved by a Plain `lay` (e.g. the gradient buffer, an
+// optimizer moment, or a double copy of the weights): pointer = base + lay.offset(spec).
+template <typename R>
+LayerWeightsT<R> layer_views(const ParamLayout& lay, const K3Config& c, const R* base, int64_t layer);
 
-class K3Model {
+template <typename R>
+class K3ModelT {
  public:
-  explicit K3Model(WeightStore weights);
-  K3Model(K3Model&&) = default;  // views stay valid: they point into heap memory the store owns
-  K3Model(const K3Model&) = delete;
-  K3Model& operator=(const K3Model&) = delete;
+  // float: takes the store (its buffer is what the views point into). double: the store's
+  // values are copied into a double buffer with the same layout (Plain experts required).
+  explicit K3ModelT(WeightStore weights);
+  K3ModelT(K3ModelT&&) = default;  // views stay valid: they point into heap memory the model owns
+  K3ModelT(const K3ModelT&) = delete;
+  K3ModelT& operator=(const K3ModelT&) = delete;
 
   const K3Config& config() const { return store_.config(); }
   const ModelDims& dims() const { return dims_; }
+  // The f32 store. For float the forward reads it (in-place updates keep the views valid);
+  // for double it is only the source of the values, the layout and the config.
   const WeightStore& weights() const { return store_; }
-  WeightStore& weights() { return store_; }  // in-place updates keep the views valid
-  const LayerWeights& layer(int64_t i) const { return layers_.at(size_t(i)); }
-  DecodeState new_state() const;  // reset for this model
+  WeightStore& weights() { return store_; }
+  // The buffer the layer views point into ([weights().size()], carved by weights().layout()):
+  // float the store's own buffer, double its copy. Writing into it changes the model.
+  const R* params() const { return params_; }
+  R* params() { return params_; }
+  const LayerWeightsT<R>& layer(int64_t i) const { return layers_.at(size_t(i)); }
+  DecodeStateT<R> new_state() const;  // reset for this model
 
   // logits [T, V] (or [1, V] with last_only) for ids [T], continuing the sequence in `st`
   // (st.n_tokens += T). Token ids outside [0, V) are a k3::Error naming the position.
-  void forward(float* logits, const int32_t* ids, int64_t T, DecodeState& st, ForwardScratch& s,
-               const ForwardOptions& opt = {}, ForwardRecord* rec = nullptr) const;
+  // With rec (training): Prefill mode, a fresh state and every position's logits.
+  void forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT<R>& st, ForwardScratchT<R>& s,
+               const ForwardOptions& opt = {}, ForwardRecordT<R>* rec = nullptr) const;
+
+  // Backward of the forward that filled `rec` (with ids [T]): dlogits [T, V] is the gradient
+  // of the loss w.r.t. the logits; every parameter gradient is accumulated (+=) into `grads`
+  // (a buffer of weights().size() values carved by weights().layout(); Plain experts). The
+  // router bias gets none. dscores_aux (optional): per layer [L] a [T, E] extra gradient of
+  // the MoE router's sigmoid scores (null entries for none). Thread-safe for distinct
+  // scratch, record and grads on one const model.
+  void backward(R* grads, const R* dlogits, const int32_t* ids, const ForwardRecordT<R>& rec,
+                BackwardScratchT<R>& s, LayerScratchT<R>& ls, const R* const* dscores_aux = nullptr) const;
 
  private:
   WeightStore store_;
+  std::vector<R> copy_;  // double: the converted weights (float: empty)
+  R* params_ = nullptr;
   ModelDims dims_;
-  std::vector<LayerWeights> layers_;
-  const float* embed_ = nullptr;           // [V, d]
-  const float* final_res_norm_ = nullptr;  // [d]
-  const float* final_res_proj_ = nullptr;  // [d]
-  const float* final_norm_ = nullptr;      // [d]
-  const float* lm_head_ = nullptr;         // [V, d] (the embedding when tied)
+  std::vector<LayerWeightsT<R>> layers_;
+  const R* embed_ = nullptr;           // [V, d]
+  const R* final_res_norm_ = nullptr;  // [d]
+  const R* final_res_proj_ = nullptr;  // [d]
+  const R* final_norm_ = nullptr;      // [d]
+  const R* lm_head_ = nullptr;         // [V, d] (the embedding when tied)
 };
+using K3Model = K3ModelT<float>;
 
 }  // namespace k3

@@ -85,6 +85,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& path) {
   rd.get("init_seed", r.init_seed);
   rd.get("threads", r.threads);
   rd.get("sample_tokens", r.sample_tokens);
+  rd.get("sample_temperature", r.sample_temperature);
   rd.known.insert("samples");
   if (j.contains("samples")) {
     if (!j["samples"].is_array()) fail_input(path, "samples", "expected an array of strings");
@@ -126,8 +127,9 @@ RunConfig parse_run_config(const std::string& text, const std::string& path) {
     if (s.lr_end < 0) fail_input(path, pre + "lr_end", "must be >= 0");
     if (s.warmup_steps < 0) fail_input(path, pre + "warmup_steps", "must be >= 0");
     if (s.decay_frac < 0 || s.decay_frac > 1) fail_input(path, pre + "decay_frac", "must be in [0, 1]");
-    if (s.seq_len > r.micro_batch_tokens)
-      fail_input(path, pre + "seq_len", "is longer than micro_batch_tokens (" + std::to_string(r.micro_batch_tokens) + ")");
+    if (s.seq_len > r.micro_batch_tokens || (r.micro_batch_tokens > 0 && r.micro_batch_tokens % s.seq_len != 0))
+      fail_input(path, pre + "seq_len",
+                 "must divide micro_batch_tokens (" + std::to_string(r.micro_batch_tokens) + ") into whole sequences");
     r.stages.push_back(s);
   }
   if (r.heldout_every < 2) fail_input(path, "heldout_every", "must be at least 2");
@@ -151,6 +153,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& path) {
   if (r.log_every < 1) fail_input(path, "log_every", "must be >= 1");
   if (r.threads < 0) fail_input(path, "threads", "must be >= 0");
   if (r.sample_tokens < 0) fail_input(path, "sample_tokens", "must be >= 0");
+  if (!(r.sample_temperature >= 0)) fail_input(path, "sample_temperature", "must be >= 0 (0: greedy)");
   return r;
 }
 
@@ -188,6 +191,7 @@ std::string run_config_to_json(const RunConfig& r) {
   j["threads"] = r.threads;
   j["samples"] = r.samples;
   j["sample_tokens"] = r.sample_tokens;
+  j["sample_temperature"] = r.sample_temperature;
   j["stages"] = json::array();
   for (auto& s : r.stages)
     j["stages"].push_back({{"name", s.name}, {"seq_len", s.seq_len}, {"tokens", s.tokens}, {"lr_peak", s.lr_peak},

@@ -27,7 +27,7 @@ struct RunConfig {
   std::string data = "bible";
   int64_t heldout_every = 40;   // every n-th document is held out
   int64_t batch_tokens = 4096;  // tokens per optimizer step (all micro-batches)
-  int64_t micro_batch_tokens = 2048;  // tokens per micro-batch (forward+backward at once)
+  int64_t micro_batch_tokens = 2048;  // tokens per micro-batch (a multiple of every stage's seq_len)
   std::vector<StageConfig> stages;
   // Optimiser.
   std::string optimizer = "muon";  // muon (per-head, AdamW for the rest) | adamw
@@ -45,8 +45,10 @@ struct RunConfig {
   uint64_t seed = 1;
   int64_t init_seed = -1;          // model init seed (-1: same as seed)
   int64_t threads = 0;             // 0: environment / all cores
+  // Samples generated from the trained model at the end (each prompt after <|bos|>).
   std::vector<std::string> samples = {"In the beginning", "And God said"};
   int64_t sample_tokens = 80;
+  double sample_temperature = 0.8;  // 0: greedy
 };
 
 // Parses and validates; k3::Error "<path>: <field>: <problem>".

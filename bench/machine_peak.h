@@ -1,0 +1,112 @@
+// Machine peaks measured inside a benchmark run, shared by the bench_* binaries so that every
+// ratio in docs/benchmarks.md is taken against figures from the same run and machine state:
+//   BM_MachineSgemm       OpenBLAS sgemm N x N x N (the f32 matrix-multiply peak the prefill
+//                         targets are stated against), counter "FLOP/s";
+//   BM_MachineMemRead     streaming read of a 1 GiB buffer, AVX-512 loads, 8 accumulators per
+//                         thread (the decode bound: weights are only read), counter "B/s";
+//   BM_MachineMemReadWrite in-place read + write of 512 MiB (a state-update pattern), "B/s".
+// All run with the OpenMP thread count (k3::num_threads()). Header-only (inline) so that a
+// bench file can include it without a library; names live in k3::bench.
+#pragma once
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/gemm.h"
+
+namespace k3::bench {
+
+// "1.23 0.98 0.75": the 1, 5 and 15 minute load averages (other processes sharing the cores
+// move every figure; the summaries print this next to them).
+inline std::string load_average() {
+  std::ifstream f("/proc/loadavg");
+  std::string a, b, c;
+  f >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+inline void BM_MachineSgemm(benchmark::State& st) {
+  const int64_t N = st.range(0);
+  std::vector<float> A(size_t(N * N), 0.5f), B(size_t(N * N), 0.25f), C(size_t(N * N));
+  for (auto _ : st) gemm(false, false, N, N, N, 1.f, A.data(), N, B.data(), N, 0.f, C.data(), N);
+  st.counters["FLOP/s"] = benchmark::Counter(2.0 * N * N * N, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Sum of n floats (n % 128 == 0), 8 independent accumulators so that loads, not the add
+// latency, bound the loop.
+__attribute__((noinline)) inline float stream_sum(const float* p, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 acc[8];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 128)
+    for (int j = 0; j < 8; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_load_ps(p + i + 16 * j));
+  for (int j = 1; j < 8; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, acc[0]);
+  float s = 0;
+  for (float x : lanes) s += x;
+  return s;
+#else
+  float acc[8] = {};
+  for (int64_t i = 0; i < n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += p[i + j];
+  return acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7];
+#endif
+}
+
+inline void BM_MachineMemRead(benchmark::State& st) {
+  const int64_t n = int64_t(1) << 28;  // 1 GiB of f32: far beyond any cache
+  // Owned, 64-byte aligned; first touched by the threads that read it (and with non-zero
+  // values: untouched pages would all map the one zero page and read from cache).
+  static Tensor buf = Tensor::empty(DType::F32, {n});
+  static bool filled = false;
+  float* p = buf.data<float>();
+  if (!filled) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) p[i] = float(i & 1023) * 1e-3f;
+    filled = true;
+  }
+  for (auto _ : st) {
+    float total = 0;
+#pragma omp parallel reduction(+ : total)
+    {
+      const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t per = (n / nt) & ~int64_t(127);  // the same static split as the fill
+      const int64_t begin = per * t, len = t == nt - 1 ? n - begin : per;
+      total += stream_sum(p + begin, len);
+    }
+    benchmark::DoNotOptimize(total);
+  }
+  st.counters["B/s"] = benchmark::Counter(4.0 * double(n), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+inline void BM_MachineMemReadWrite(benchmark::State& st) {
+  const int64_t n = int64_t(1) << 27;  // 512 MiB
+  static std::vector<float> a(size_t(n), 1.f);
+  for (auto _ : st) {
+    float* p = a.data();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) p[i] = p[i] * 0.999999f + 1e-7f;
+    benchmark::ClobberMemory();
+  }
+  st.counters["B/s"] = benchmark::Counter(2.0 * 4 * n, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Registers the three under machine/ (sgemm at N = sgemm_n).
+inline void register_machine_peaks(int64_t sgemm_n = 2048, bool read_write = false) {
+  benchmark::RegisterBenchmark("machine/sgemm_openblas", BM_MachineSgemm)
+      ->Arg(sgemm_n)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("machine/mem_read", BM_MachineMemRead)->UseRealTime()->Unit(benchmark::kMillisecond);
+  if (read_write)
+    benchmark::RegisterBenchmark("machine/mem_rw", BM_MachineMemReadWrite)->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+}  // namespace k3::bench

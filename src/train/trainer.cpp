@@ -1,0 +1,538 @@
+// The training run (see trainer.h): setup, the step loop, evaluation, checkpoints, resume.
+#include "train/trainer.h"
+
+#include <omp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "io/atomic_file.h"
+#include "model/checkpoint.h"
+#include "model/init.h"
+#include "train/balancer.h"
+#include "train/data.h"
+#include "train/metrics.h"
+#include "train/model_grad.h"
+#include "train/trainer_internal.h"
+
+namespace k3 {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+bool is_file(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string rate(double tps) { return tps >= 1000 ? fmt("%.1fk", tps / 1000) : fmt("%.0f", tps); }
+
+// Runs body(i) for i in [0, n): in parallel over P threads (static schedule: sequence i
+// always lands on the same thread for given n and P) when par, else serially with the inner
+// kernels free to use the threads. Exceptions are carried out of the parallel region.
+template <typename F>
+void for_each_sequence(int64_t n, int P, bool par, F&& body) {
+  if (!par) {
+    for (int64_t i = 0; i < n; ++i) body(i, 0);
+    return;
+  }
+  std::vector<std::exception_ptr> err(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static) num_threads(P)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      body(i, omp_get_thread_num());
+    } catch (...) {
+      err[size_t(i)] = std::current_exception();
+    }
+  }
+  for (auto& e : err)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  RunConfig run;
+  TrainOptions opt;
+  ByteTokenizer tok;
+  CorpusSplit data;
+  double unigram_bpb = 0;
+  std::string run_fp, model_json, corpus_hash;
+  std::unique_ptr<K3Model> model;
+  int P = 1;
+  std::vector<Tensor> grads;  // [P] each [weights().size()], carved like the weights
+  std::vector<std::unique_ptr<TrainScratch>> scratch;
+  std::unique_ptr<ShardedOptimizer> optim;
+  std::unique_ptr<Balancer> balancer;
+  LossOptions loss_opt;
+  std::vector<float*> biases;  // [n_moe] e_score_correction_bias of each MoE layer
+  int64_t n_moe = 0, first_moe = 0, E = 0, topk = 0;
+  TrainState st;
+  std::vector<int64_t> steps_of;  // per stage
+  int64_t total_steps = 0;
+  std::unique_ptr<SequenceStream> stream;
+  std::vector<int32_t> seqs;
+  std::vector<SequenceRouting> routing;
+  std::vector<SequenceResult> results;
+  std::vector<float> opt_state;
+  MetricsLog metrics;
+  Progress progress;
+  std::string ckpt_dir;
+  int64_t last_saved_step = -1;
+  double session_seconds = 0;
+  int64_t session_tokens = 0;
+
+  struct EvalScratch {
+    ForwardScratch fs;
+    ForwardRecord rec;
+    DecodeState ds;
+    std::vector<float> logits;
+  };
+  std::vector<std::unique_ptr<EvalScratch>> eval_scratch;
+
+  Impl(const RunConfig& r, const TrainOptions& o)
+      : run(r), opt(o), progress(o.log ? o.log : stderr, o.log && ::isatty(::fileno(o.log)), o.quiet || !o.log) {}
+
+  void setup();
+  void load_checkpoint(const K3Config& cfg);
+  void train_step();
+  void end_stage();
+  void eval_and_log(bool stage_end);
+  EvalResult evaluate(int64_t T, int64_t max_tokens);
+  void save();
+  void stage_message();
+  TrainResult result() const;
+  std::vector<double> step_maxvio() const;
+};
+
+void Trainer::Impl::setup() {
+  if (opt.out_dir.empty()) fail("train: --out is required (the output directory)");
+  set_num_threads(opt.threads > 0 ? opt.threads : int(run.threads));
+  P = num_threads();
+  make_directories(opt.out_dir);
+  ckpt_dir = (fs::path(opt.out_dir) / "checkpoint").string();
+  std::error_code ec;
+  const bool exists = fs::exists(ckpt_dir, ec);
+  if (!opt.resume && exists)
+    fail_input(ckpt_dir, "",
+               "a checkpoint already exists: pass --resume to continue it, or choose another --out (a new run never "
+               "overwrites a checkpoint)");
+  if (opt.resume && !exists) fail_input(ckpt_dir, "", "no checkpoint to resume (run without --resume to start)");
+
+  const K3Config cfg = load_config(run.model_config);
+  if (cfg.vocab_size < tok.vocab_size())
+    fail_input(run.model_config, "vocab_size",
+               std::to_string(cfg.vocab_size) + " is below the byte tokenizer's " + std::to_string(tok.vocab_size()) +
+                   " (256 bytes + special tokens)");
+  progress.message("train: loading corpus '" + run.data + "'");
+  data = split_and_tokenize(load_corpus(run.data), tok, run.heldout_every);
+  unigram_bpb = unigram_bits_per_byte(data, tok.vocab_size());
+  corpus_hash = content_hash_i32(data.train, data.heldout);
+  run_fp = run_fingerprint(run);
+  model_json = config_to_hf_json(cfg);
+  for (size_t i = 0; i < run.stages.size(); ++i) {
+    const StageConfig& s = run.stages[i];
+    steps_of.push_back((s.tokens + run.batch_tokens - 1) / run.batch_tokens);
+    total_steps += steps_of.back();
+    if (int64_t(data.heldout.size()) < s.seq_len + 1)
+      fail_input(run.path, "stages[" + std::to_string(i) + "].seq_len",
+                 "is longer than the held-out stream (" + std::to_string(data.heldout.size()) + " tokens)");
+  }
+
+  if (opt.resume) {
+    load_checkpoint(cfg);
+  } else {
+    InitOptions io;
+    io.seed = run.init_seed >= 0 ? uint64_t(run.init_seed) : run.seed;
+    model = std::make_unique<K3Model>(init_weights(cfg, io));
+    st.seed = run.seed;
+    st.run_json = run_fp;
+    st.model_json = model_json;
+    st.corpus_hash = corpus_hash;
+    for (size_t i = 0; i < run.stages.size(); ++i) {
+      StageSummary s;
+      s.name = run.stages[i].name;
+      s.seq_len = run.stages[i].seq_len;
+      s.steps = steps_of[i];
+      st.stages.push_back(s);
+    }
+  }
+
+  const int64_t total = model->weights().size();
+  for (int t = 0; t < P; ++t) {
+    grads.push_back(Tensor::zeros(DType::F32, {total}));
+    scratch.push_back(make_train_scratch());
+  }
+  OptimizerOptions oo;
+  oo.beta1 = run.beta1, oo.beta2 = run.beta2, oo.weight_decay = run.weight_decay, oo.muon_momentum = run.muon_momentum;
+  optim = std::make_unique<ShardedOptimizer>(optimizer_params(model->weights(), grads[0].data<float>(), run.optimizer == "muon"),
+                                             oo, 4 * P);
+  if (opt.resume) {
+    if (int64_t(opt_state.size()) != optim->state_elements()) fail_input(ckpt_dir, "train_state", "optimizer state size");
+    optim->set_state(opt_state);
+    optim->set_steps(st.optimizer_steps);
+    opt_state.clear();
+    opt_state.shrink_to_fit();
+    last_saved_step = st.step;
+  }
+
+  const ModelDims& dims = model->dims();
+  first_moe = std::min(dims.first_moe, dims.L);
+  n_moe = dims.L - first_moe;
+  E = cfg.num_experts, topk = cfg.num_experts_per_token;
+  if (n_moe > 0) {
+    if (run.balancer == "qb-hist" || run.balancer == "qb-exact") {
+      QuantileBalancerOptions qo;
+      qo.exact = run.balancer == "qb-exact";
+      qo.bins = run.qb_bins;
+      balancer = std::make_unique<QuantileBalancer>(n_moe, E, topk, qo);
+    } else if (run.balancer == "sign") {
+      balancer = std::make_unique<SignBalancer>(n_moe, E, topk, run.sign_u);
+    } else {
+      balancer = std::make_unique<NoBalancer>(n_moe, E, topk, run.balancer);
+    }
+    for (int64_t l = 0; l < n_moe; ++l)
+      biases.push_back(model->weights().param(layer_prefix(first_moe + l) + "block_sparse_moe.gate.e_score_correction_bias"));
+  }
+  loss_opt.aux_alpha = run.balancer == "aux" ? run.aux_alpha : 0.0;
+}
+
+// --resume: every check that can refuse runs before anything is written.
+void Trainer::Impl::load_checkpoint(const K3Config& cfg) {
+  const std::string tsp = (fs::path(ckpt_dir) / "train_state.safetensors").string();
+  const ModelDir md = open_model_dir(ckpt_dir);
+  if (!is_file(tsp)) fail_input(tsp, "", "missing: " + ckpt_dir + " is not a complete training checkpoint");
+  int64_t expect = 0;
+  {
+    const ParamLayout lay(cfg, ExpertStorage::Plain);
+    for (const ParamSpec& s : lay.specs())
+      if (s.name.find("gate.e_score_correction_bias") == std::string::npos) expect += 2 * s.numel();
+  }
+  st = load_train_state(tsp, opt_state, expect);
+  const std::string diff = compare_fingerprint(st, run_fp, model_json, corpus_hash);
+  if (!diff.empty())
+    fail_input(tsp, "", "does not match the run file " + run.path + ": " + diff + "; the checkpoint was left as it is");
+  if (config_to_hf_json(md.config) != st.model_json)
+    fail_input(md.config_path, "", "differs from the model config recorded in train_state.safetensors (replaced or corrupted checkpoint)");
+  if (load_model_tokenizer(md).to_json() != tok.to_json())
+    fail_input(md.tokenizer_path, "special_tokens", "differ from the byte tokenizer this run trains with");
+  if (st.stages.size() != run.stages.size() || st.stage > int64_t(run.stages.size()) ||
+      (st.stage < int64_t(run.stages.size()) && st.stage_step > steps_of[size_t(st.stage)]))
+    fail_input(tsp, "stage", "the saved stage position does not fit the run's stages");
+  LoadOptions lo;
+  lo.dequantize_experts = true;
+  model = std::make_unique<K3Model>(load_model(md, lo));
+  const std::string h = content_hash(model->weights().data(), size_t(model->weights().size()) * sizeof(float));
+  if (h != st.weights_hash)
+    fail_input(ckpt_dir, "weights", "content hash " + h + " does not match the " + st.weights_hash +
+                                        " recorded in train_state.safetensors (corrupted or replaced weights)");
+}
+
+std::vector<double> Trainer::Impl::step_maxvio() const {
+  std::vector<double> mv;
+  if (!balancer) return mv;
+  for (auto& l : balancer->last_loads()) mv.push_back(max_violation(l.data(), E));
+  return mv;
+}
+
+void Trainer::Impl::train_step() {
+  const StageConfig& sc = run.stages[size_t(st.stage)];
+  const int64_t T = sc.seq_len, nseq = run.micro_batch_tokens / T, nmicro = run.batch_tokens / run.micro_batch_tokens;
+  const int64_t targets = nmicro * nseq * T;
+  const double scale = 1.0 / double(targets);
+  const auto t0 = Clock::now();
+  const int64_t total = model->weights().size();
+  const bool par = P > 1 && nseq > 1;
+  // Zero the gradient buffers (each thread its own: first touch stays local).
+#pragma omp parallel for schedule(static) num_threads(P)
+  for (int t = 0; t < P; ++t) std::memset(grads[size_t(t)].data<float>(), 0, sizeof(float) * size_t(total));
+
+  seqs.resize(size_t(nseq * (T + 1)));
+  routing.resize(size_t(nseq));
+  results.resize(size_t(nseq));
+  double loss_sum = 0, aux_sum = 0;
+  for (int64_t mb = 0; mb < nmicro; ++mb) {
+    for (int64_t s = 0; s < nseq; ++s) stream->next(seqs.data() + s * (T + 1));
+    for_each_sequence(nseq, P, par, [&](int64_t s, int tid) {
+      results[size_t(s)] = forward_backward(*model, seqs.data() + s * (T + 1), T, scale, grads[size_t(tid)].data<float>(),
+                                            *scratch[size_t(tid)], loss_opt, balancer ? &routing[size_t(s)] : nullptr);
+    });
+    for (int64_t s = 0; s < nseq; ++s) loss_sum += results[size_t(s)].loss_sum, aux_sum += results[size_t(s)].aux_loss;
+    if (balancer) {
+      // Per layer, sequences in order (layers are independent in the balancer).
+#pragma omp parallel for schedule(static) num_threads(P)
+      for (int64_t l = 0; l < n_moe; ++l)
+        for (int64_t s = 0; s < nseq; ++s) {
+          const SequenceRouting& r = routing[size_t(s)];
+          balancer->observe(l, r.scores[size_t(l)].data(), r.bias[size_t(l)].data(), r.topk[size_t(l)].data(), r.T);
+        }
+    }
+  }
+  const double t_fb = seconds_since(t0);
+  // Sum the per-thread gradients into buffer 0, in thread order (deterministic).
+  if (par) {
+    float* g0 = grads[0].data<float>();
+    const int64_t chunk = 1 << 14;
+#pragma omp parallel for schedule(static) num_threads(P)
+    for (int64_t c0 = 0; c0 < total; c0 += chunk) {
+      const int64_t c1 = std::min(total, c0 + chunk);
+      for (int t = 1; t < P; ++t) {
+        const float* gt = grads[size_t(t)].data<float>();
+        for (int64_t i = c0; i < c1; ++i) g0[i] += gt[i];
+      }
+    }
+  }
+  const double loss = loss_sum / double(targets);
+  if (!std::isfinite(loss))
+    fail("train: the loss is " + fmt("%g", loss) + " at step " + std::to_string(st.step + 1) +
+         " (diverged); the last checkpoint is kept: lower the learning rate and resume or restart");
+  const auto t1 = Clock::now();
+  const double gnorm = clip_grad_norm(optim->params(), run.grad_clip);
+  const int64_t nsteps = steps_of[size_t(st.stage)];
+  const double lr = wsd_lr(st.stage_step, nsteps, sc.lr_peak, sc.lr_end, sc.warmup_steps,
+                           std::llround(sc.decay_frac * double(nsteps)));
+  optim->step(lr);
+  if (balancer) balancer->update(biases);  // QB: the new biases route the next step
+  const double dt = seconds_since(t0), t_opt = seconds_since(t1);
+
+  st.step++, st.stage_step++;
+  st.tokens_seen += targets;
+  st.train_seconds += dt;
+  st.optimizer_steps = optim->steps();
+  StageSummary& ss = st.stages[size_t(st.stage)];
+  ss.steps_done++, ss.tokens += targets, ss.train_seconds += dt, ss.last_loss = loss;
+  session_seconds += dt, session_tokens += targets;
+
+  const bool stage_end = st.stage_step == nsteps;
+  const bool eval_step = run.eval_every > 0 && st.step % run.eval_every == 0;
+  const std::vector<double> mv = step_maxvio();
+  if (st.step % run.log_every == 0 || stage_end || st.step == 1) {
+    json j = {{"type", "step"},         {"step", st.step}, {"stage", st.stage}, {"stage_name", sc.name},
+              {"seq_len", T},           {"loss", loss},    {"lr", lr},          {"grad_norm", gnorm},
+              {"tokens", st.tokens_seen}, {"tokens_per_s", double(targets) / dt}, {"seconds", dt}, {"seconds_fwd_bwd", t_fb},
+              {"seconds_update", t_opt},  {"maxvio", mv}};
+    if (loss_opt.aux_alpha > 0) j["aux_loss"] = aux_sum / double(nmicro * nseq);
+    if (balancer && (stage_end || eval_step || st.step == 1)) j["loads"] = balancer->last_loads();
+    metrics.write(j);
+  }
+  double mvmax = 0;
+  for (double v : mv) mvmax = std::max(mvmax, v);
+  int64_t remaining = 0;
+  for (size_t i = size_t(st.stage); i < steps_of.size(); ++i)
+    remaining += (steps_of[i] - (i == size_t(st.stage) ? st.stage_step : 0)) * run.batch_tokens;
+  const double tps = session_tokens / std::max(session_seconds, 1e-9);
+  progress.update("[" + std::to_string(st.stage + 1) + "/" + std::to_string(run.stages.size()) + " " + sc.name + " T=" +
+                      std::to_string(T) + "] step " + std::to_string(st.step) + "/" + std::to_string(total_steps) +
+                      " | loss " + fmt("%.4f", loss) + " | lr " + fmt("%.2e", lr) + " | MaxVio " + fmt("%.2f", mvmax) +
+                      " | " + rate(double(targets) / dt) + " tok/s | ETA " + format_duration(double(remaining) / tps),
+                  stage_end || st.step == 1);
+}
+
+EvalResult Trainer::Impl::evaluate(int64_t T, int64_t max_tokens) {
+  const int64_t avail = (int64_t(data.heldout.size()) - 1) / T;
+  K3_ASSERT(avail >= 1, "held-out stream shorter than one window");
+  const int64_t n = max_tokens > 0 ? std::min(avail, (max_tokens + T - 1) / T) : avail;
+  while (int64_t(eval_scratch.size()) < P) eval_scratch.push_back(std::make_unique<EvalScratch>());
+  const int64_t V = model->dims().V;
+  std::vector<double> nats(size_t(n), 0.0);
+  std::vector<int64_t> bytes(size_t(n), 0);
+  std::vector<std::vector<int64_t>> loads(size_t(P), std::vector<int64_t>(size_t(n_moe * E), 0));
+  for_each_sequence(n, P, P > 1 && n > 1, [&](int64_t w, int tid) {
+    EvalScratch& es = *eval_scratch[size_t(tid)];
+    const int32_t* ids = data.heldout.data() + w * T;
+    es.ds.reset(model->dims());
+    es.logits.resize(size_t(T * V));
+    model->forward(es.logits.data(), ids, T, es.ds, es.fs, {}, &es.rec);
+    double sum = 0;
+    int64_t nb = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = es.logits.data() + t * V;
+      float mx = row[0];
+      for (int64_t v = 1; v < V; ++v) mx = std::max(mx, row[v]);
+      double z = 0;
+      for (int64_t v = 0; v < V; ++v) z += std::exp(double(row[v] - mx));
+      const int32_t target = ids[t + 1];
+      sum += std::log(z) + double(mx) - double(row[target]);
+      nb += target < 256;
+    }
+    nats[size_t(w)] = sum;
+    bytes[size_t(w)] = nb;
+    for (int64_t l = 0; l < n_moe; ++l)
+      count_loads(loads[size_t(tid)].data() + l * E, es.rec.layers[size_t(first_moe + l)].routing.idx.data(), T, topk, E);
+  });
+  EvalResult r;
+  double total = 0;
+  for (int64_t w = 0; w < n; ++w) total += nats[size_t(w)], r.bytes += bytes[size_t(w)];
+  r.targets = n * T;
+  r.loss = total / double(r.targets);
+  r.bpb = r.bytes > 0 ? total / std::log(2.0) / double(r.bytes) : 0;
+  for (int64_t l = 0; l < n_moe; ++l) {
+    std::vector<int64_t> sum(size_t(E), 0);
+    for (int t = 0; t < P; ++t)
+      for (int64_t j = 0; j < E; ++j) sum[size_t(j)] += loads[size_t(t)][size_t(l * E + j)];
+    r.maxvio.push_back(max_violation(sum.data(), E));
+  }
+  return r;
+}
+
+void Trainer::Impl::eval_and_log(bool stage_end) {
+  const StageConfig& sc = run.stages[size_t(st.stage)];
+  const auto t0 = Clock::now();
+  const EvalResult r = evaluate(sc.seq_len, run.eval_tokens);
+  const double secs = seconds_since(t0);
+  if (stage_end) {
+    StageSummary& ss = st.stages[size_t(st.stage)];
+    ss.evaluated = true, ss.eval_loss = r.loss, ss.eval_bpb = r.bpb, ss.eval_maxvio = r.maxvio;
+  }
+  metrics.write({{"type", "eval"}, {"step", st.step}, {"stage", st.stage}, {"seq_len", sc.seq_len}, {"stage_end", stage_end},
+                 {"loss", r.loss}, {"bpb", r.bpb}, {"targets", r.targets}, {"bytes", r.bytes}, {"maxvio", r.maxvio},
+                 {"seconds", secs}});
+  double mvmax = 0;
+  for (double v : r.maxvio) mvmax = std::max(mvmax, v);
+  progress.message("eval  step " + std::to_string(st.step) + " (T=" + std::to_string(sc.seq_len) + ", " +
+                   std::to_string(r.targets) + " held-out tokens): loss " + fmt("%.4f", r.loss) + ", " +
+                   fmt("%.3f", r.bpb) + " bits/byte (unigram " + fmt("%.3f", unigram_bpb) + "), max MaxVio " +
+                   fmt("%.2f", mvmax) + " [" + fmt("%.1f", secs) + " s]");
+}
+
+void Trainer::Impl::stage_message() {
+  const StageConfig& sc = run.stages[size_t(st.stage)];
+  const int64_t n = steps_of[size_t(st.stage)];
+  progress.message("stage " + std::to_string(st.stage + 1) + "/" + std::to_string(run.stages.size()) + " '" + sc.name +
+                   "': seq_len " + std::to_string(sc.seq_len) + ", " + std::to_string(n) + " steps (" +
+                   std::to_string(n * run.batch_tokens) + " tokens), lr " + fmt("%.2e", sc.lr_peak) + " -> " +
+                   fmt("%.2e", sc.lr_end) + " (warmup " + std::to_string(sc.warmup_steps) + ", decay " +
+                   std::to_string(std::llround(sc.decay_frac * double(n))) + " steps)");
+  metrics.write({{"type", "stage"}, {"step", st.step}, {"stage", st.stage}, {"name", sc.name}, {"seq_len", sc.seq_len},
+                 {"steps", n}, {"lr_peak", sc.lr_peak}, {"lr_end", sc.lr_end}});
+}
+
+// The stage is trained: its held-out evaluation, then the next stage's sequence length (the
+// stream keeps its epoch and restarts its cursor; no restart of anything else).
+void Trainer::Impl::end_stage() {
+  eval_and_log(true);
+  const StageSummary& ss = st.stages[size_t(st.stage)];
+  progress.message("stage " + std::to_string(st.stage + 1) + "/" + std::to_string(run.stages.size()) + " '" + ss.name +
+                   "' done: " + std::to_string(ss.steps_done) + " steps, " + std::to_string(ss.tokens) + " tokens, " +
+                   rate(double(ss.tokens) / std::max(ss.train_seconds, 1e-9)) + " tok/s, held-out " +
+                   fmt("%.3f", ss.eval_bpb) + " bits/byte");
+  st.stage++, st.stage_step = 0;
+  if (st.stage < int64_t(run.stages.size())) {
+    stream->set_seq_len(run.stages[size_t(st.stage)].seq_len);
+    stage_message();
+  }
+}
+
+void Trainer::Impl::save() {
+  const auto t0 = Clock::now();
+  const bool running = stream && st.stage < int64_t(run.stages.size());
+  st.data_epoch = running ? stream->epoch() : 0;
+  st.data_cursor = running ? stream->cursor() : 0;
+  st.optimizer_steps = optim->steps();
+  st.weights_hash = content_hash(model->weights().data(), size_t(model->weights().size()) * sizeof(float));
+  optim->get_state(opt_state);
+  SaveOptions so;
+  so.tokenizer_json = tok.to_json();
+  so.before_commit = [&](const std::string& tmp) {
+    save_train_state((fs::path(tmp) / "train_state.safetensors").string(), st, opt_state);
+    write_text_file_atomic((fs::path(tmp) / "run.json").string(), run_config_to_json(run));
+  };
+  save_checkpoint(ckpt_dir, model->weights(), so);
+  opt_state.clear();
+  opt_state.shrink_to_fit();
+  last_saved_step = st.step;
+  const double secs = seconds_since(t0);
+  metrics.write({{"type", "checkpoint"}, {"step", st.step}, {"dir", ckpt_dir}, {"seconds", secs}});
+  progress.message("checkpoint step " + std::to_string(st.step) + " -> " + ckpt_dir + " [" + fmt("%.1f", secs) + " s]");
+}
+
+TrainResult Trainer::Impl::result() const {
+  TrainResult r;
+  r.complete = st.stage == int64_t(run.stages.size());
+  r.steps = st.step;
+  r.total_steps = total_steps;
+  r.tokens_seen = st.tokens_seen;
+  r.train_seconds = st.train_seconds;
+  r.unigram_bpb = unigram_bpb;
+  r.stages = st.stages;
+  r.checkpoint_dir = ckpt_dir;
+  return r;
+}
+
+Trainer::Trainer(const RunConfig& run, const TrainOptions& opt) : impl_(std::make_unique<Impl>(run, opt)) {
+  impl_->setup();
+}
+
+Trainer::~Trainer() = default;
+
+TrainResult Trainer::run() {
+  Impl& m = *impl_;
+  const int64_t n_stages = int64_t(m.run.stages.size());
+  m.metrics.open((fs::path(m.opt.out_dir) / "metrics.jsonl").string(), m.opt.resume ? m.st.step : -1);
+  int64_t n_params = 0;
+  for (const ParamRef& p : m.optim->params()) n_params += p.rows * p.cols;
+  m.metrics.write({{"type", m.opt.resume ? "resume" : "start"}, {"step", m.st.step}, {"run", m.run.path},
+                   {"model", m.run.model_config}, {"parameters", n_params}, {"threads", m.P},
+                   {"total_steps", m.total_steps}, {"train_tokens", int64_t(m.data.train.size())},
+                   {"heldout_tokens", int64_t(m.data.heldout.size())}, {"unigram_bpb", m.unigram_bpb}});
+  m.progress.message("train: " + std::to_string(n_params) + " trained parameters, " + std::to_string(m.data.train.size()) +
+                     " train / " + std::to_string(m.data.heldout.size()) + " held-out tokens (unigram baseline " +
+                     fmt("%.3f", m.unigram_bpb) + " bits/byte), " + std::to_string(n_stages) + " stages, " +
+                     std::to_string(m.total_steps) + " steps of " + std::to_string(m.run.batch_tokens) + " tokens, " +
+                     std::to_string(m.P) + " threads, optimizer " + m.run.optimizer + ", balancer " + m.run.balancer);
+  if (m.st.stage < n_stages) {
+    m.stream = std::make_unique<SequenceStream>(&m.data.train, m.run.stages[size_t(m.st.stage)].seq_len, m.run.seed);
+    if (m.opt.resume) {
+      m.stream->set_position(m.st.data_epoch, m.st.data_cursor);
+      m.progress.message("resumed " + m.ckpt_dir + " at step " + std::to_string(m.st.step) + " (stage " +
+                         std::to_string(m.st.stage + 1) + ", step " + std::to_string(m.st.stage_step) + " of it)");
+    }
+    if (m.st.stage_step == 0) m.stage_message();
+  } else {
+    m.progress.message("the run in " + m.ckpt_dir + " is already complete");
+  }
+  while (m.st.stage < n_stages) {
+    if (m.opt.stop_at_step >= 0 && m.st.step >= m.opt.stop_at_step) break;
+    m.train_step();
+    if (m.st.stage_step == m.steps_of[size_t(m.st.stage)]) m.end_stage();
+    else if (m.run.eval_every > 0 && m.st.step % m.run.eval_every == 0) m.eval_and_log(false);
+    if (m.run.checkpoint_every > 0 && m.st.step % m.run.checkpoint_every == 0 && m.st.stage < n_stages) m.save();
+  }
+  m.progress.finish();
+  if (m.last_saved_step != m.st.step) m.save();
+  TrainResult r = m.result();
+  m.metrics.write({{"type", r.complete ? "end" : "stopped"}, {"step", m.st.step}, {"tokens", m.st.tokens_seen},
+                   {"train_seconds", m.st.train_seconds}});
+  if (!r.complete)
+    m.progress.message("stopped at step " + std::to_string(m.st.step) + " of " + std::to_string(m.total_steps) +
+                       " (--steps); continue with --resume");
+  return r;
+}
+
+const K3Model& Trainer::model() const { return *impl_->model; }
+const ByteTokenizer& Trainer::tokenizer() const { return impl_->tok; }
+const RunConfig& Trainer::run_config() const { return impl_->run; }
+EvalResult Trainer::evaluate(int64_t seq_len, int64_t max_tokens) { return impl_->evaluate(seq_len, max_tokens); }
+int64_t Trainer::stage_steps(size_t stage) const { return impl_->steps_of.at(stage); }
+
+}  // namespace k3

@@ -1,0 +1,102 @@
+// The training run (`k3cpp train`): a K3 model trained from a run file (train/run_config.h)
+// through its progressive-context stages (K3_REFERENCE section 7: 8K, 64K, 256K, 1M, scaled
+// to the machine), with held-out evaluation, metrics, checkpoints and exact resume.
+//
+// One optimizer step = batch_tokens / micro_batch_tokens micro-batches, each of
+// micro_batch_tokens / seq_len sequences from the stage's SequenceStream (train/data.h).
+// The sequences of a micro-batch run in parallel (OpenMP, static schedule; one TrainScratch
+// and one gradient buffer per thread), their gradients are summed in thread order, and their
+// routing is fed to the balancer in sequence order after the loop, so a run is deterministic
+// for a given thread count and a resumed run is bitwise the run that never stopped.
+// Loss = mean cross-entropy over the step's targets. Then: global-norm clipping, the stage's
+// warmup-stable-decay learning rate, the optimiser (per-head Muon + AdamW, or AdamW), the
+// balancer's bias update (applied from the next step), metrics.
+//
+// Optimiser assignment (optimizer_params): Muon for the 2-D matrices of the mixers, FFNs,
+// shared experts, latent projections and every routed expert (each its own matrix), per
+// head for KDA q/k/v_proj (H heads) and MLA q_b_proj / kv_b_proj (MLA heads); AdamW for the
+// embedding, lm_head, the router gate (small, and its scores feed balancing: a plain adaptive
+// step keeps the scale of the scores that the balancer's biases are measured against), the
+// conv taps and every 1-D parameter. No weight decay on norms, AttnRes vectors, A_log,
+// dt_bias or other 1-D parameters. The router bias (e_score_correction_bias) is no optimiser
+// parameter: the balancer owns it.
+//
+// Output directory: DIR/metrics.jsonl (train/metrics.h) and DIR/checkpoint, one directory
+// replaced atomically as a whole: the model in the released layout (f32), config.json,
+// tokenizer.json, run.json (the run file as parsed) and train_state.safetensors
+// (train/train_state.h). It is written every checkpoint_every steps, when --steps stops the
+// run and at the end; the finished checkpoint is the trained model.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/tokenizer.h"
+#include "model/k3_model.h"
+#include "train/optimizer.h"
+#include "train/run_config.h"
+#include "train/train_state.h"
+
+namespace k3 {
+
+struct TrainOptions {
+  std::string out_dir;
+  bool resume = false;          // continue DIR/checkpoint (refused if it does not match the run)
+  int64_t stop_at_step = -1;    // --steps N: stop once N optimiser steps (global) are done
+  int threads = 0;              // > 0: overrides the run file's `threads`
+  bool quiet = false;           // no progress output
+  std::FILE* log = stderr;      // progress and messages
+};
+
+// Held-out evaluation: non-overlapping windows of seq_len + 1 tokens from the start of the
+// held-out stream (the same windows every time for a given seq_len).
+struct EvalResult {
+  double loss = 0;          // mean cross-entropy per target (nats)
+  double bpb = 0;           // bits per byte: total cross-entropy in bits / byte targets
+  int64_t targets = 0, bytes = 0;
+  std::vector<double> maxvio;  // per MoE layer, over the whole evaluation
+};
+
+struct TrainResult {
+  bool complete = false;     // every stage trained
+  int64_t steps = 0, total_steps = 0;
+  int64_t tokens_seen = 0;
+  double train_seconds = 0;  // wall time of the training steps (all runs)
+  double unigram_bpb = 0;    // baseline of the corpus (train frequencies, held-out bytes)
+  std::vector<StageSummary> stages;
+  std::string checkpoint_dir;
+};
+
+class Trainer {
+ public:
+  // Loads the corpus and the model (fresh from init_weights, or the checkpoint with
+  // --resume, refusing a missing, corrupt or mismatched one), sizes the buffers.
+  Trainer(const RunConfig& run, const TrainOptions& opt);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  TrainResult run();  // trains to the end (or to --steps); writes the checkpoint
+
+  const K3Model& model() const;
+  const ByteTokenizer& tokenizer() const;
+  const RunConfig& run_config() const;
+  EvalResult evaluate(int64_t seq_len, int64_t max_tokens);  // held-out; max_tokens 0: all
+  int64_t stage_steps(size_t stage) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The optimiser's parameter list over `w` and the gradient buffer `grads` (carved by
+// w.layout()): see the assignment above; muon = false gives AdamW everywhere.
+std::vector<ParamRef> optimizer_params(WeightStore& w, float* grads, bool muon);
+
+// The end-of-run table: per stage seq_len, steps, tokens, tokens/s, held-out loss and bits
+// per byte; the unigram baseline; held-out MaxVio per MoE layer after the last stage.
+std::string format_summary(const TrainResult& r);
+
+}  // namespace k3

@@ -1,0 +1,34 @@
+// Internals of the training run shared by trainer.cpp and trainer_parts.cpp (and tests).
+// ShardedOptimizer: train/optimizer.h's Optimizer over consecutive ranges of the parameter
+// list, stepped in parallel (OpenMP, one shard per task). Optimizer::step is serial, and
+// with 896 experts per layer the routed experts alone are thousands of Muon matrices, each
+// orthogonalised by small matrix products: sharding uses every core. The concatenated
+// shard states equal one Optimizer's state, so checkpoints do not depend on the shard count.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "train/metrics.h"
+#include "train/optimizer.h"
+
+namespace k3 {
+
+class ShardedOptimizer {
+ public:
+  // Shards of about equal estimated cost (Newton-Schulz flops for Muon, elements for AdamW).
+  ShardedOptimizer(std::vector<ParamRef> params, const OptimizerOptions& o, int shards);
+  void step(double lr);
+  int64_t steps() const;
+  void set_steps(int64_t t);
+  int64_t state_elements() const;  // 2 * total parameter elements
+  void get_state(std::vector<float>& out);
+  void set_state(const std::vector<float>& in);
+  const std::vector<ParamRef>& params() const { return params_; }
+  size_t shards() const { return shards_.size(); }
+
+ private:
+  std::vector<ParamRef> params_;
+  std::vector<std::unique_ptr<Optimizer>> shards_;
+};
+
+}  // namespace k3
