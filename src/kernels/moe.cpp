@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "kernels/activations.h"
 #include "kernels/gemm.h"
+#include "kernels/mxfp4_linear.h"
 
 namespace k3 {
 
@@ -22,14 +23,23 @@ void check_expert(const ExpertMatrixT<R>& m, int64_t rows, int64_t cols) {
   K3_ASSERT(!m.mx || (m.mx->rows == rows && m.mx->cols == cols), "moe: MXFP4 matrix has the wrong shape");
 }
 
-// The expert's f32 matrix: its own storage, or `buf` after dequantising the MXFP4 one.
-const float* expert_f32(const ExpertMatrix& m, float* buf) {
-  if (m.f32) return m.f32;
-  const uint8_t* p = m.mx->packed.data<uint8_t>();
-  const uint8_t* s = m.mx->scales.data<uint8_t>();
-  for (int64_t r = 0; r < m.rows; ++r)
-    mxfp4_decode_row(p + r * (m.cols / 2), s + r * (m.cols / 32), buf + r * m.cols, size_t(m.cols));
-  return buf;
+// An MXFP4 expert meets at most this many gathered rows through the fused-decode product
+// (kernels/mxfp4_linear.h: W read once at 4.25 bits, no dequantised copy); more rows amortise
+// one dequantisation into `deq` followed by a gemm.
+constexpr int64_t kFusedMaxRows = 8;
+
+// y [n, ldy] (first m.rows columns) = x [n, m.cols] m^T. deq: room for m's f32 copy.
+void expert_linear(float* y, int64_t ldy, const float* x, const ExpertMatrix& m, int64_t n, float* deq) {
+  if (m.mx && n <= kFusedMaxRows) {
+    mxfp4_linear(y, x, m.mx->packed.data<uint8_t>(), m.mx->scales.data<uint8_t>(), n, m.cols, m.rows, ldy);
+    return;
+  }
+  const float* W = m.f32;
+  if (!W) {
+    mxfp4_dequantize(deq, m.mx->packed.data<uint8_t>(), m.mx->scales.data<uint8_t>(), m.rows, m.cols);
+    W = deq;
+  }
+  gemm(false, true, n, m.rows, m.cols, 1.f, x, m.cols, W, m.cols, 0.f, y, ldy);
 }
 
 }  // namespace
@@ -92,14 +102,11 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
     float* deq = y + max_rows * n_in;    // 3 x [F * n_in] when any expert is MXFP4
     for (int64_t r = 0; r < n; ++r)
       std::memcpy(zg + r * n_in, z + int64_t(dp.token[begin + r]) * n_in, sizeof(float) * size_t(n_in));
-    const float* W1 = expert_f32(w1[e], deq);
-    const float* W3 = expert_f32(w3[e], deq + F * n_in);
-    const float* W2 = expert_f32(w2[e], deq + 2 * F * n_in);
-    gemm(false, true, n, F, n_in, 1.f, zg, n_in, W1, n_in, 0.f, gu, 2 * F);
-    gemm(false, true, n, F, n_in, 1.f, zg, n_in, W3, n_in, 0.f, gu + F, 2 * F);
+    expert_linear(gu, 2 * F, zg, w1[e], n, deq);
+    expert_linear(gu + F, 2 * F, zg, w3[e], n, deq + F * n_in);
     for (int64_t r = 0; r < n; ++r)
       for (int64_t j = 0; j < F; ++j) act[r * F + j] = situ(gu[r * 2 * F + j], gu[r * 2 * F + F + j], fb1, fb2);
-    gemm(false, true, n, n_in, F, 1.f, act, F, W2, F, 0.f, y, n_in);
+    expert_linear(y, n_in, act, w2[e], n, deq + 2 * F * n_in);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t s = dp.slot[begin + r];
       if (gu_saved) std::memcpy(gu_saved + s * 2 * F, gu + r * 2 * F, sizeof(float) * size_t(2 * F));

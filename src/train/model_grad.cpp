@@ -126,6 +126,9 @@ SequenceResult forward_backward_t(const K3ModelT<R>& model, const int32_t* token
                                   R* grads, TrainScratchT<R>& s, const LossOptions& opt,
                                   SequenceRouting* routing_out, KDAPath kda_path) {
   const ModelDims& dm = model.dims();
+  if (model.weights().expert_storage() != ExpertStorage::Plain)
+    fail("training needs f32 routed experts, but the model holds them as MXFP4 (load the checkpoint with "
+         "dequantize_experts)");
   run_forward(model, tokens, T, s, /*record=*/true, kda_path);
   SequenceResult res;
   res.n_targets = T;

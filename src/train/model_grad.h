@@ -58,7 +58,8 @@ struct TrainScratch : TrainScratchT<float> {};
 // The router bias (e_score_correction_bias) never gets a gradient.
 // routing_out (optional): per MoE layer the routing of this sequence (scores, bias copy, topk),
 // so the caller can feed a Balancer in a deterministic order after a parallel loop.
-// A token id outside [0, V) is a k3::Error naming its position.
+// A token id outside [0, V) is a k3::Error naming its position; so is a model whose routed
+// experts are MXFP4 (load checkpoints for training with LoadOptions::dequantize_experts).
 SequenceResult forward_backward(const K3Model& model, const int32_t* tokens, int64_t T, double grad_scale,
                                 float* grads, TrainScratch& s, const LossOptions& opt, SequenceRouting* routing_out);
 // Held-out loss of one sequence (no gradient): summed cross-entropy over T targets (nats).

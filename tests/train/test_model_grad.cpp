@@ -8,9 +8,13 @@
 //    gradient entry and 3 random ones; the routing is checked unchanged at every FD point;
 //  - the float engine (fast KDA, grouped MoE, blocked attention) == the double wiring
 //    (rel RMS per tensor < 1e-4);
+//  - tied embeddings: the table's gradient (head + embedding rows) against FD;
 //  - the router bias gets no gradient; gradients accumulate and scale with grad_scale;
-//    routing_out matches the record; bad targets are errors; steady-state calls allocate
-//    nothing; concurrent calls (one scratch per thread) equal serial ones.
+//    routing_out matches the record; the aux loss reaches only through the routers; bad
+//    targets and MXFP4 experts are errors; steady-state calls allocate nothing of their own;
+//    concurrent calls (one scratch per thread) equal serial ones.
+// The per-tensor comparison with the independent PyTorch implementation is
+// tests/model/test_torch_reference.cpp (TorchReference.GradientsMatchK3cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -41,8 +45,12 @@ void* operator new(std::size_t n) {
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
+// GCC flags free() on what its model of operator new returned; the pairing here is malloc/free.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 using namespace k3;
 
@@ -199,6 +207,57 @@ TEST(ModelGrad, DoubleMatchesFiniteDifferencesForEveryTensor) {
   EXPECT_GT(nonzero, checked * 3 / 4) << "too many zero gradients to test anything";
   std::printf("[ model grad ] %lld entries checked (%lld non-zero), worst rel err %.3g (%s), worst abs err %.3g\n",
               (long long)checked, (long long)nonzero, worst, worst_name.c_str(), worst_abs);
+}
+
+// Tied embeddings: the one table gets both the lm_head and the embedding-row gradients.
+TEST(ModelGrad, TiedEmbeddingGetsHeadAndRowGradients) {
+  const OneThread one;
+  K3Config c = grad_config();
+  c.tie_word_embeddings = true;
+  K3ModelT<double> m(grad_store(c, 8));
+  const ParamLayout& lay = m.weights().layout();
+  ASSERT_EQ(lay.find(kLmHeadName), -1);
+  const std::vector<int32_t> tok = make_tokens(kT + 1, c.vocab_size, 12);
+  TrainScratchT<double> s;
+  std::vector<double> grads(size_t(m.weights().size()), 0.0);
+  forward_backward_t<double>(m, tok.data(), kT, 1.0, grads.data(), s, {});
+  const int64_t off = lay.offset(lay.index(kModelPrefix + "embed_tokens.weight")), d = c.hidden_size;
+  const double h = 3e-5;
+  auto loss_at = [&](double* p, double v) {
+    *p = v;
+    return forward_loss_t<double>(m, tok.data(), kT, s, {}).loss_sum;
+  };
+  // Rows of input tokens (both paths) and of a token never input (head path only).
+  std::vector<int64_t> rows = {tok[0], tok[3]};
+  for (int64_t v = 0; v < c.vocab_size; ++v)
+    if (std::find(tok.begin(), tok.begin() + kT, int32_t(v)) == tok.begin() + kT) {
+      rows.push_back(v);
+      break;
+    }
+  ASSERT_EQ(rows.size(), 3u);
+  for (int64_t r : rows)
+    for (int64_t col : {int64_t(0), int64_t(7), d - 1}) {
+      double* p = m.params() + off + r * d + col;
+      const double p0 = *p;
+      const double d1 = loss_at(p, p0 + h) - loss_at(p, p0 - h), d2 = loss_at(p, p0 + 2 * h) - loss_at(p, p0 - 2 * h);
+      *p = p0;
+      const double want = (8 * d1 - d2) / (12 * h), got = grads[size_t(off + r * d + col)];
+      EXPECT_GT(std::fabs(want), 1e-6) << "row " << r;
+      EXPECT_LE(std::fabs(got - want), 1e-7 + 2e-6 * std::fabs(want)) << "row " << r << " col " << col;
+    }
+}
+
+TEST(ModelGrad, Mxfp4ExpertsCannotTrain) {
+  const OneThread one;
+  K3Config c = grad_config();
+  c.routed_expert_hidden_size = 32;
+  c.moe_intermediate_size = 32;
+  const K3Model m(init_weights(c, {1, ExpertStorage::Mxfp4}));
+  const std::vector<int32_t> tok = make_tokens(kT + 1, c.vocab_size, 2);
+  TrainScratch s;
+  std::vector<float> g(size_t(m.weights().size()), 0.f);
+  EXPECT_THROW(forward_backward(m, tok.data(), kT, 1.0, g.data(), s, {}, nullptr), Error);
+  EXPECT_TRUE(std::isfinite(eval_loss_sum(m, tok.data(), kT, s)));  // inference is fine
 }
 
 TEST(ModelGrad, FloatEngineMatchesDoubleWiring) {

@@ -1,0 +1,35 @@
+// Products with MXFP4 weight matrices (K3_REFERENCE section 8; fixture mxfp4.json): W [out, in]
+// stored as packed E2M1 nibbles [out, in/2] (byte j: element 2j low nibble, 2j+1 high) and
+// one E8M0 scale per 32 values [out, in/32], the routed experts' checkpoint format.
+//
+// mxfp4_linear: y[rows, out] = x[rows, in] W^T (like `linear`, kernels/gemm.h), the nibbles
+// decoded inside the dot product: no dequantised copy of W is written, so a product with a
+// few rows (decode: one token per expert) reads W's 4.25 bits per weight once. AVX-512:
+// 16 nibbles widen to 16 dwords, vpermps looks them up in the 16-entry E2M1 table scaled by
+// the group's 2^(s-127) (exact: a power of two), and x is split once into the even and odd
+// elements of each 32-group so the low and high nibbles meet their inputs without shuffles.
+// Rows of x go in blocks of up to 4 against 4 weight rows at a time. Meant for few rows; for
+// many rows dequantise once (mxfp4_dequantize) and use gemm.
+// Reference: the row decoded by mxfp4_decode_row (core/dtype.h), dot products in double.
+//
+// mxfp4_dequantize: dst [rows, cols] f32, bit-identical to mxfp4_decode_row per row
+// (E2M1 value times the scale is one exact product either way); AVX-512 vpermps path.
+#pragma once
+#include <cstdint>
+
+namespace k3 {
+
+// y [rows, ldy] (first `out` columns; assigned, or added to with accumulate); x [rows, in];
+// packed [out, in/2], scales [out, in/32]; in % 32 == 0.
+void mxfp4_linear(float* y, const float* x, const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t in,
+                  int64_t out, int64_t ldy, bool accumulate = false);
+template <typename T>
+void mxfp4_linear_reference(T* y, const T* x, const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t in,
+                            int64_t out, int64_t ldy, bool accumulate = false);
+
+// dst [rows, cols] (row stride cols); packed [rows, cols/2], scales [rows, cols/32].
+void mxfp4_dequantize(float* dst, const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols);
+template <typename T>
+void mxfp4_dequantize_reference(T* dst, const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols);
+
+}  // namespace k3
