@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# The main job: set up, build, then plan the released Kimi K3 (parameters, memory, FLOPs,
-# placement on 8 x 80 GiB GPUs). A later issue replaces this with the training demo.
+# The main job: set up, build, then train the default K3-shaped model (configs/train-demo.json:
+# hybrid 3:1 KDA/MLA, Block AttnRes, 896 experts top-16 in a d/2 latent, SiTU-GLU, Quantile
+# Balancing) through four context stages on the King James Bible, in about 10 minutes on 2
+# cores; it prints generated samples and the summary table (held-out bits per byte per stage
+# against the corpus's unigram baseline, MaxVio per MoE layer, tokens/s). docs/training.md.
+# runs/demo is this demo's own output directory (ignored by git): it is replaced each time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
-./build/k3cpp plan configs/kimi-k3.json --storage mxfp4 --context 131072 --gpus 64 --gpu-mem 141
+rm -rf runs/demo
+./build/k3cpp train --config configs/train-demo.json --out runs/demo

@@ -13,6 +13,7 @@ int cmd_init(const std::vector<std::string>& args);
 int cmd_forward(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
+int cmd_eval(const std::vector<std::string>& args);
 
 static const Command kCommands[] = {
     {"plan", "parameter counts, memory, FLOPs and placement for a config", cmd_plan},
@@ -21,6 +22,7 @@ static const Command kCommands[] = {
     {"forward", "float32 logits of every position for given token ids", cmd_forward},
     {"generate", "generate tokens from a prompt (greedy or sampled), streaming", cmd_generate},
     {"train", "train a model from a run file (stages, checkpoints, resume)", cmd_train},
+    {"eval", "held-out loss, bits/byte and MoE routing balance of a model", cmd_eval},
 };
 
 const Command* find_command(const std::string& name) {

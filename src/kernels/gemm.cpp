@@ -2,20 +2,17 @@
 
 #include <cblas.h>
 
-#include <algorithm>
+#include "kernels/gemv.h"
 
 namespace k3 {
 
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  if (M == 1 && K > 0) {
-    // One row (a decode step's projections): sgemv streams op(B) once, where sgemm would
-    // first pack all of it (several times slower at M = 1). C row = alpha A row op(B) + beta C.
-    // With beta = 0, C's old contents must not leak in (0 * NaN): clear it first.
-    if (beta == 0.f) std::fill(C, C + N, 0.f);
-    cblas_sgemv(CblasRowMajor, tb ? CblasNoTrans : CblasTrans, int(tb ? N : K), int(tb ? K : N), alpha, B, int(ldb),
-                A, ta ? int(lda) : 1, beta, C, 1);
+  if (M <= kGemvMaxRows) {
+    // Few rows (decode steps, short prefills): stream B once per row block without packing
+    // it, each element in one fixed order (kernels/gemv.h).
+    gemm_few_rows(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),

@@ -7,6 +7,10 @@
 namespace k3 {
 
 // C[M,N] = alpha * op(A) op(B) + beta * C, row-major, lda/ldb/ldc are row strides.
+// float with M <= kGemvMaxRows: kernels/gemv.h (decode-sized products stream B instead of
+// packing it, and each element's rounding is independent of M up to that size, so short
+// prefills and decode steps reproduce a full forward exactly); larger M: OpenBLAS sgemm.
+inline constexpr int64_t kGemvMaxRows = 32;
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,

@@ -11,6 +11,8 @@
 #include "kernels/activations.h"
 #include "kernels/gemm.h"
 #include "kernels/mxfp4_linear.h"
+#include "kernels/situ_simd.h"
+#include "kernels/small_matmul.h"
 
 namespace k3 {
 
@@ -25,21 +27,25 @@ void check_expert(const ExpertMatrixT<R>& m, int64_t rows, int64_t cols) {
 
 // An MXFP4 expert meets at most this many gathered rows through the fused-decode product
 // (kernels/mxfp4_linear.h: W read once at 4.25 bits, no dequantised copy); more rows amortise
-// one dequantisation into `deq` followed by a gemm.
+// one dequantisation per matrix into `deq`, then go as columns through linear_cols
+// (kernels/small_matmul.h).
 constexpr int64_t kFusedMaxRows = 8;
 
-// y [n, ldy] (first m.rows columns) = x [n, m.cols] m^T. deq: room for m's f32 copy.
+// The expert's f32 matrix: its own storage, or `deq` after dequantising the MXFP4 one.
+const float* expert_f32(const ExpertMatrix& m, float* deq) {
+  if (m.f32) return m.f32;
+  mxfp4_dequantize(deq, m.mx->packed.data<uint8_t>(), m.mx->scales.data<uint8_t>(), m.rows, m.cols);
+  return deq;
+}
+
+// y [n, ldy] (first m.rows columns) = x [n, m.cols] m^T: fused MXFP4 decode for few rows,
+// else BLAS on the f32 matrix. deq: room for m's f32 copy.
 void expert_linear(float* y, int64_t ldy, const float* x, const ExpertMatrix& m, int64_t n, float* deq) {
   if (m.mx && n <= kFusedMaxRows) {
     mxfp4_linear(y, x, m.mx->packed.data<uint8_t>(), m.mx->scales.data<uint8_t>(), n, m.cols, m.rows, ldy);
     return;
   }
-  const float* W = m.f32;
-  if (!W) {
-    mxfp4_dequantize(deq, m.mx->packed.data<uint8_t>(), m.mx->scales.data<uint8_t>(), m.rows, m.cols);
-    W = deq;
-  }
-  gemm(false, true, n, m.rows, m.cols, 1.f, x, m.cols, W, m.cols, 0.f, y, ldy);
+  gemm(false, true, n, m.rows, m.cols, 1.f, x, m.cols, expert_f32(m, deq), m.cols, 0.f, y, ldy);
 }
 
 }  // namespace
@@ -83,30 +89,54 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
     max_rows = std::max(max_rows, n);
   }
   const int64_t n_active = int64_t(scratch.active.size());
-  // Per-thread work area: gathered z rows, [W1 z | W3 z], SiTU, W2 output, dequantised weights.
-  const int64_t per_thread = max_rows * (n_in + 2 * F + F + n_in) + (any_mx ? 3 * F * n_in : 0);
+  // Per-thread work area, sized for either layout: rows (gathered z, [W1 z | W3 z], SiTU, W2
+  // output: [n, n_in], [n, 2F], [n, F], [n, n_in]) or columns (the same transposed, n padded
+  // to ld), then one dequantised matrix when any expert is MXFP4.
+  const int64_t ld = (max_rows + 15) / 16 * 16;
+  const int64_t per_thread = ld * (n_in + 2 * F + F + n_in) + (any_mx ? F * n_in : 0);
   const int nthreads = n_active > 1 ? omp_get_max_threads() : 1;
   if (scratch.work.size() < size_t(per_thread * nthreads)) scratch.work.resize(size_t(per_thread * nthreads));
   if (scratch.slots.size() < size_t(Tn * k * n_in)) scratch.slots.resize(size_t(Tn * k * n_in));
   float* slots = scratch.slots.data();
-  const float fb1 = float(b1), fb2 = float(b2);
 
 #pragma omp parallel for schedule(dynamic, 1) if (n_active > 1)
   for (int64_t ai = 0; ai < n_active; ++ai) {
     const int64_t e = scratch.active[ai];
     const int64_t begin = dp.offset[e], n = dp.offset[e + 1] - begin;
     float* zg = scratch.work.data() + per_thread * (n_active > 1 ? omp_get_thread_num() : 0);
-    float* gu = zg + max_rows * n_in;   // [n, 2F] laid out [gate | up]
-    float* act = gu + max_rows * 2 * F;  // [n, F]
-    float* y = act + max_rows * F;       // [n, n_in]
-    float* deq = y + max_rows * n_in;    // 3 x [F * n_in] when any expert is MXFP4
+    float* gu = zg + ld * n_in;   // [n, 2F] laid out [gate | up]   (columns: [2F, ld])
+    float* act = gu + ld * 2 * F;  // [n, F]                        (columns: [F, ld])
+    float* y = act + ld * F;       // [n, n_in]                     (columns: [n_in, ld])
+    float* deq = y + ld * n_in;    // [F * n_in]: one dequantised matrix at a time
+    const bool mx = w1[e].mx || w3[e].mx || w2[e].mx;
+    if (mx && n > kFusedMaxRows) {
+      // Prefill sizes: rows as columns (kernels/small_matmul.h), each matrix dequantised once.
+      for (int64_t r = 0; r < n; ++r) {
+        const float* zr = z + int64_t(dp.token[begin + r]) * n_in;
+        for (int64_t c = 0; c < n_in; ++c) zg[c * ld + r] = zr[c];
+      }
+      linear_cols(gu, zg, expert_f32(w1[e], deq), n, n_in, F, ld, ld);
+      linear_cols(gu + F * ld, zg, expert_f32(w3[e], deq), n, n_in, F, ld, ld);
+      for (int64_t j = 0; j < F; ++j) situ_forward_fast(act + j * ld, gu + j * ld, gu + (F + j) * ld, n, b1, b2);
+      linear_cols(y, act, expert_f32(w2[e], deq), n, F, n_in, ld, ld);
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t s = dp.slot[begin + r];
+        if (gu_saved)
+          for (int64_t j = 0; j < 2 * F; ++j) gu_saved[s * 2 * F + j] = gu[j * ld + r];
+        if (y_saved)
+          for (int64_t c = 0; c < n_in; ++c) y_saved[s * n_in + c] = y[c * ld + r];
+        const float p = topk_w[s];
+        float* dst = slots + s * n_in;
+        for (int64_t c = 0; c < n_in; ++c) dst[c] = p * y[c * ld + r];
+      }
+      continue;
+    }
     for (int64_t r = 0; r < n; ++r)
       std::memcpy(zg + r * n_in, z + int64_t(dp.token[begin + r]) * n_in, sizeof(float) * size_t(n_in));
     expert_linear(gu, 2 * F, zg, w1[e], n, deq);
-    expert_linear(gu + F, 2 * F, zg, w3[e], n, deq + F * n_in);
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t j = 0; j < F; ++j) act[r * F + j] = situ(gu[r * 2 * F + j], gu[r * 2 * F + F + j], fb1, fb2);
-    expert_linear(y, n_in, act, w2[e], n, deq + 2 * F * n_in);
+    expert_linear(gu + F, 2 * F, zg, w3[e], n, deq);
+    for (int64_t r = 0; r < n; ++r) situ_forward_fast(act + r * F, gu + r * 2 * F, gu + r * 2 * F + F, F, b1, b2);
+    expert_linear(y, n_in, act, w2[e], n, deq);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t s = dp.slot[begin + r];
       if (gu_saved) std::memcpy(gu_saved + s * 2 * F, gu + r * 2 * F, sizeof(float) * size_t(2 * F));

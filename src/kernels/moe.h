@@ -5,9 +5,13 @@
 // Expert matrices are f32 or MXFP4 (the checkpoint's format, K3_REFERENCE section 8).
 //
 // Fast path (grouped): assignments are bucketed by expert (counting sort, stable by token);
-// per expert with tokens, its rows of z are gathered into one block and go through one gemm
-// each for W1, W3 and W2 (an MXFP4 expert is first dequantised into a per-thread buffer);
-// experts run in parallel across OpenMP threads. Each expert writes p_i * E(z) into the
+// per expert with tokens, its rows of z are gathered into one block and go through one product
+// each for W1, W3 and W2, and the vectorised SiTU (kernels/situ_simd.h). f32 experts: BLAS
+// gemm. MXFP4 experts: up to 8 rows (decode) through the fused-decode product
+// (kernels/mxfp4_linear.h, no dequantised copy); more rows (prefill) dequantise each matrix
+// once into a per-thread buffer and run with the rows stored as columns
+// (kernels/small_matmul.h). Experts run in parallel across OpenMP threads, each expert on one
+// thread (so its result does not depend on the schedule). Each expert writes p_i * E(z) into the
 // (token, slot) row of a buffer, and u[t] sums its slots in slot order, so the result does
 // not depend on the thread count or schedule. Experts without tokens are never touched.
 // Reference: per token and slot, plain matrix-vector products accumulated in double;

@@ -7,6 +7,10 @@
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
+// GCC 12's AVX-512 intrinsics self-initialise an "undefined" operand (GCC PR 105593, fixed
+// in 12.3), which -Wuninitialized reports wherever they are inlined.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
 #include "core/dtype.h"

@@ -73,6 +73,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& path) {
   rd.get("beta2", r.beta2);
   rd.get("grad_clip", r.grad_clip);
   rd.get("muon_momentum", r.muon_momentum);
+  rd.get("router_lr_scale", r.router_lr_scale);
   rd.get("balancer", r.balancer);
   rd.get("qb_bins", r.qb_bins);
   rd.get("sign_u", r.sign_u);
@@ -145,6 +146,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& path) {
   if (r.aux_alpha < 0) fail_input(path, "aux_alpha", "must be >= 0");
   if (r.beta1 < 0 || r.beta1 >= 1) fail_input(path, "beta1", "must be in [0, 1)");
   if (r.beta2 < 0 || r.beta2 >= 1) fail_input(path, "beta2", "must be in [0, 1)");
+  if (!(r.router_lr_scale >= 0)) fail_input(path, "router_lr_scale", "must be >= 0");
   if (r.weight_decay < 0) fail_input(path, "weight_decay", "must be >= 0");
   if (r.grad_clip < 0) fail_input(path, "grad_clip", "must be >= 0 (0: no clipping)");
   if (r.eval_every < 0) fail_input(path, "eval_every", "must be >= 0");
@@ -178,6 +180,7 @@ std::string run_config_to_json(const RunConfig& r) {
   j["beta2"] = r.beta2;
   j["grad_clip"] = r.grad_clip;
   j["muon_momentum"] = r.muon_momentum;
+  j["router_lr_scale"] = r.router_lr_scale;
   j["balancer"] = r.balancer;
   j["qb_bins"] = r.qb_bins;
   j["sign_u"] = r.sign_u;

@@ -32,6 +32,10 @@ struct RunConfig {
   // Optimiser.
   std::string optimizer = "muon";  // muon (per-head, AdamW for the rest) | adamw
   double weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, grad_clip = 1.0, muon_momentum = 0.95;
+  // The router gate's learning rate relative to the stage's: the balancer's biases are
+  // computed from one step's scores and applied to the next, so a router that moves fast
+  // (small models at high learning rates) outruns them.
+  double router_lr_scale = 1.0;
   // Load balancing: qb-hist | qb-exact | sign | aux | none.
   std::string balancer = "qb-hist";
   int64_t qb_bins = 1000;

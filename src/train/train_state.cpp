@@ -116,6 +116,7 @@ std::string run_fingerprint(const RunConfig& r) {
   j["beta2"] = r.beta2;
   j["grad_clip"] = r.grad_clip;
   j["muon_momentum"] = r.muon_momentum;
+  j["router_lr_scale"] = r.router_lr_scale;
   j["balancer"] = r.balancer;
   j["qb_bins"] = r.qb_bins;
   j["sign_u"] = r.sign_u;

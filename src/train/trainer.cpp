@@ -39,6 +39,10 @@ bool is_file(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
@@ -185,8 +189,11 @@ void Trainer::Impl::setup() {
   }
   OptimizerOptions oo;
   oo.beta1 = run.beta1, oo.beta2 = run.beta2, oo.weight_decay = run.weight_decay, oo.muon_momentum = run.muon_momentum;
-  optim = std::make_unique<ShardedOptimizer>(optimizer_params(model->weights(), grads[0].data<float>(), run.optimizer == "muon"),
-                                             oo, 4 * P);
+  std::vector<ParamRef> refs = optimizer_params(model->weights(), grads[0].data<float>(), run.optimizer == "muon");
+  std::vector<double> lr_scale;
+  for (const ParamRef& p : refs)
+    lr_scale.push_back(ends_with(p.name, ".block_sparse_moe.gate.weight") ? run.router_lr_scale : 1.0);
+  optim = std::make_unique<ShardedOptimizer>(std::move(refs), oo, 4 * P, lr_scale);
   if (opt.resume) {
     if (int64_t(opt_state.size()) != optim->state_elements()) fail_input(ckpt_dir, "train_state", "optimizer state size");
     optim->set_state(opt_state);

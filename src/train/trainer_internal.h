@@ -16,7 +16,10 @@ namespace k3 {
 class ShardedOptimizer {
  public:
   // Shards of about equal estimated cost (Newton-Schulz flops for Muon, elements for AdamW).
-  ShardedOptimizer(std::vector<ParamRef> params, const OptimizerOptions& o, int shards);
+  // lr_scale (optional, one per parameter): parameter i steps with lr * lr_scale[i]; a shard
+  // never mixes scales.
+  ShardedOptimizer(std::vector<ParamRef> params, const OptimizerOptions& o, int shards,
+                   const std::vector<double>& lr_scale = {});
   void step(double lr);
   int64_t steps() const;
   void set_steps(int64_t t);
@@ -29,6 +32,7 @@ class ShardedOptimizer {
  private:
   std::vector<ParamRef> params_;
   std::vector<std::unique_ptr<Optimizer>> shards_;
+  std::vector<double> shard_scale_;
 };
 
 }  // namespace k3

@@ -54,7 +54,10 @@ std::vector<ParamRef> optimizer_params(WeightStore& w, float* grads, bool muon) 
 
 // ---- ShardedOptimizer ----
 
-ShardedOptimizer::ShardedOptimizer(std::vector<ParamRef> params, const OptimizerOptions& o, int shards) {
+ShardedOptimizer::ShardedOptimizer(std::vector<ParamRef> params, const OptimizerOptions& o, int shards,
+                                   const std::vector<double>& lr_scale) {
+  K3_ASSERT(lr_scale.empty() || lr_scale.size() == params.size(), "one lr scale per parameter");
+  auto scale = [&](size_t i) { return lr_scale.empty() ? 1.0 : lr_scale[i]; };
   // Estimated work per parameter: AdamW ~ 12 flops per element; Muon per head block
   // (r <= c after orientation) 5 Newton-Schulz iterations of Y Y^T, A A and B Y.
   std::vector<double> cost(params.size());
@@ -71,15 +74,20 @@ ShardedOptimizer::ShardedOptimizer(std::vector<ParamRef> params, const Optimizer
     }
     total += cost[i];
   }
-  shards = std::max(1, shards);
+  // Cut where the running cost passes the next multiple of total / shards, and wherever the
+  // lr scale changes.
+  const double chunk = total / double(std::max(1, shards));
   size_t begin = 0;
   double acc = 0;
-  for (int s = 0; s < shards && begin < params.size(); ++s) {
-    const double target = total * double(s + 1) / double(shards);
+  while (begin < params.size()) {
+    const double target = (std::floor(acc / chunk + 1e-9) + 1) * chunk;
     size_t end = begin;
-    while (end < params.size() && (end == begin || acc + cost[end] <= target || s == shards - 1)) acc += cost[end++];
+    while (end < params.size() &&
+           (end == begin || (acc + cost[end] <= target * (1 + 1e-9) && scale(end) == scale(begin))))
+      acc += cost[end++];
     std::vector<ParamRef> part(params.begin() + int64_t(begin), params.begin() + int64_t(end));
     shards_.push_back(std::make_unique<Optimizer>(std::move(part), o));
+    shard_scale_.push_back(scale(begin));
     begin = end;
   }
   params_ = std::move(params);
@@ -91,7 +99,7 @@ void ShardedOptimizer::step(double lr) {
   // runs single-threaded).
   const int64_t n = int64_t(shards_.size());
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t s = 0; s < n; ++s) shards_[size_t(s)]->step(lr);
+  for (int64_t s = 0; s < n; ++s) shards_[size_t(s)]->step(lr * shard_scale_[size_t(s)]);
 }
 
 int64_t ShardedOptimizer::steps() const { return shards_.empty() ? 0 : shards_[0]->steps(); }

@@ -171,3 +171,32 @@ TEST(MoEExperts, DeterministicAcrossThreadCounts) {
   EXPECT_EQ(a, b);
   EXPECT_EQ(b, c);
 }
+
+// MXFP4 experts take the fused-decode product up to 8 rows and the dequantise + column
+// product beyond: route so that some experts get 1..8 rows and others many (up to all T),
+// and check both against the reference, with the training saves in both layouts.
+TEST(MoEExperts, Mxfp4BothRowPathsMatchReference) {
+  const int64_t E = 12, k = 3, T = 40, l = 64, F = 32;
+  Experts ex(E, F, l, 41);
+  ex.use_mxfp4();
+  std::vector<int32_t> idx(T * k);
+  std::vector<float> w(T * k);
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> ud(0.05f, 1.f);
+  for (int64_t t = 0; t < T; ++t) {
+    idx[t * k] = 0;                                    // expert 0: all 40 rows (column path)
+    idx[t * k + 1] = t < 20 ? 1 : 2;                   // experts 1, 2: 20 rows each
+    idx[t * k + 2] = int32_t(3 + t % 9);               // experts 3..11: 4 or 5 rows (fused)
+    for (int64_t i = 0; i < k; ++i) w[t * k + i] = ud(rng);
+  }
+  auto z = random_rows(T * l, 43);
+  std::vector<float> u(T * l), ref(T * l), gu(T * k * 2 * F), y(T * k * l), gur(gu.size()), yr(y.size());
+  MoEExpertScratch s;
+  moe_experts_forward(u.data(), z.data(), idx.data(), w.data(), ex.e1.data(), ex.e3.data(), ex.e2.data(), T, l, F, E,
+                      k, 4.0, 25.0, s, gu.data(), y.data());
+  moe_experts_forward_reference(ref.data(), z.data(), idx.data(), w.data(), ex.e1.data(), ex.e3.data(), ex.e2.data(),
+                                T, l, F, E, k, 4.0, 25.0, s, gur.data(), yr.data());
+  test::expect_close(u.data(), ref.data(), T * l, 1e-5, 1e-4, "u");
+  test::expect_close(gu.data(), gur.data(), int64_t(gu.size()), 1e-5, 1e-4, "saved [W1 z | W3 z]");
+  test::expect_close(y.data(), yr.data(), int64_t(y.size()), 1e-5, 1e-4, "saved W2 SiTU");
+}

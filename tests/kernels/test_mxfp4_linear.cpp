@@ -2,7 +2,7 @@
 // reference for every row-block shape (1..4 rows of x per block, remainders of weight rows,
 // ldy > out, accumulate), the reference against a product with the dequantised matrix, the
 // fast dequantisation bit-identical to mxfp4_decode_row (including the E8M0 edge scales 0
-// and 255); and the one-row gemm (sgemv path, kernels/gemm.h) against sgemm and a double loop.
+// and 255).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,7 +13,6 @@
 #include "common/fixture.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
-#include "kernels/gemm.h"
 #include "kernels/mxfp4_linear.h"
 
 using namespace k3;
@@ -93,34 +92,4 @@ TEST(Mxfp4Dequantize, BitIdenticalToDecodeRowIncludingEdgeScales) {
   mxfp4_linear_reference<float>(yr.data(), x.data(), W.packed.data<uint8_t>(), s, 1, cols, rows, rows);
   EXPECT_TRUE(std::isnan(y[0]) && std::isnan(yr[0]));
   test::expect_close(y.data() + 1, yr.data() + 1, rows - 1, 1e-6, 1e-5, "rows without the NaN scale");
-}
-
-TEST(GemmOneRow, GemvPathMatchesSgemmAndDoubleLoop) {
-  const int64_t K = 70, N = 37;
-  const std::vector<float> a = normal(2 * K, 6), bt = normal(N * K, 7), b = normal(K * N, 8);
-  for (bool tb : {true, false}) {
-    const float* B = tb ? bt.data() : b.data();
-    const int64_t ldb = tb ? K : N;
-    for (float beta : {0.f, 0.5f}) {
-      // C rows 0 and 1 from one two-row sgemm; row 0 again alone (sgemv). A NaN in the
-      // one-row output must vanish when beta = 0.
-      std::vector<float> c2(2 * N, 1.f), c1(N, beta == 0.f ? NAN : 1.f);
-      gemm(false, tb, 2, N, K, 1.5f, a.data(), K, B, ldb, beta, c2.data(), N);
-      gemm(false, tb, 1, N, K, 1.5f, a.data(), K, B, ldb, beta, c1.data(), N);
-      std::vector<float> ref(N);
-      for (int64_t n = 0; n < N; ++n) {
-        double acc = 0;
-        for (int64_t k = 0; k < K; ++k) acc += double(a[k]) * double(tb ? bt[n * K + k] : b[k * N + n]);
-        ref[n] = float(1.5 * acc + beta * 1.0);
-      }
-      test::expect_close(c1.data(), ref.data(), N, 1e-5, 1e-5, "gemv vs double loop");
-      test::expect_close(c1.data(), c2.data(), N, 1e-5, 1e-5, "gemv vs sgemm row 0");
-    }
-  }
-  // Transposed A ([K, 1] with stride lda): the row is read with stride lda.
-  std::vector<float> at(K * 3, 0.f), c(N), ref(N);
-  for (int64_t k = 0; k < K; ++k) at[k * 3] = a[k];
-  gemm(true, true, 1, N, K, 1.f, at.data(), 3, bt.data(), K, 0.f, c.data(), N);
-  gemm(false, true, 1, N, K, 1.f, a.data(), K, bt.data(), K, 0.f, ref.data(), N);
-  EXPECT_EQ(c, ref);
 }

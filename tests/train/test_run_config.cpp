@@ -42,3 +42,20 @@ TEST(RunConfig, RefusesBadFieldsNamingThem) {
             std::string::npos);
   EXPECT_NE(expect_error("{not json").find("not valid JSON"), std::string::npos);
 }
+
+TEST(RunConfig, TrainerFields) {
+  RunConfig r = parse_run_config(R"({"model": "m.json", "router_lr_scale": 0.1, "sample_temperature": 0,
+    "micro_batch_tokens": 512, "batch_tokens": 1024, "stages": [{"seq_len": 128, "tokens": 100}]})",
+                                 "/tmp/run.json");
+  EXPECT_EQ(r.router_lr_scale, 0.1);
+  EXPECT_EQ(r.sample_temperature, 0.0);
+  RunConfig back = parse_run_config(run_config_to_json(r), "/tmp/run.json");
+  EXPECT_EQ(back.router_lr_scale, 0.1);
+  // A stage's sequences must fill micro-batches exactly.
+  EXPECT_NE(expect_error(R"({"model": "m.json", "micro_batch_tokens": 512, "batch_tokens": 1024,
+    "stages": [{"seq_len": 96, "tokens": 100}]})").find("stages[0].seq_len: must divide micro_batch_tokens"),
+            std::string::npos);
+  EXPECT_NE(expect_error(R"({"model": "m.json", "router_lr_scale": -1, "stages": [{"seq_len": 64, "tokens": 100}]})")
+                .find("router_lr_scale"),
+            std::string::npos);
+}

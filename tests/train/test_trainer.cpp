@@ -146,6 +146,36 @@ TEST(TrainerParams, ShardedOptimizerEqualsOneOptimizer) {
   EXPECT_TRUE(st2 == st);
 }
 
+TEST(TrainerParams, ShardedOptimizerLrScalePerParameter) {
+  // Router gates at lr scale 0 stay put; every other parameter steps exactly as in one
+  // Optimizer over all parameters (updates are per parameter).
+  InitOptions io;
+  io.seed = 4;
+  WeightStore wa = init_weights(tiny_config(), io), wb = init_weights(tiny_config(), io);
+  std::vector<float> ga(size_t(wa.size()), 0.01f), gb = ga;
+  OptimizerOptions oo;
+  Optimizer one(optimizer_params(wa, ga.data(), true), oo);
+  auto refs = optimizer_params(wb, gb.data(), true);
+  std::vector<double> scale;
+  for (auto& r : refs) scale.push_back(r.name.find("block_sparse_moe.gate.weight") != std::string::npos ? 0.0 : 1.0);
+  ShardedOptimizer many(refs, oo, 2, scale);
+  EXPECT_GE(many.shards(), 7u);  // cut at each of the 3 routers, both sides
+  one.step(0.02);
+  many.step(0.02);
+  const ParamLayout& lay = wa.layout();
+  const WeightStore w0 = init_weights(tiny_config(), io);
+  for (size_t i = 0; i < lay.size(); ++i) {
+    const std::string& n = lay.spec(i).name;
+    const int64_t cnt = lay.spec(i).numel();
+    const bool router = n.find("block_sparse_moe.gate.weight") != std::string::npos;
+    if (router) {
+      EXPECT_EQ(0, std::memcmp(wb.param(i), w0.param(i), sizeof(float) * size_t(cnt))) << n;
+    } else {
+      EXPECT_EQ(0, std::memcmp(wa.param(i), wb.param(i), sizeof(float) * size_t(cnt))) << n;
+    }
+  }
+}
+
 TEST(TrainState, RoundTripAndFingerprint) {
   TrainTempDir t;
   TrainState st;

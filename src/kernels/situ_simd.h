@@ -1,0 +1,20 @@
+// Vectorised SiTU for the float inference and training forwards (K3_REFERENCE section 5;
+// fixture ops/situ_glu.json): out[i] = b1 tanh(g[i]/b1) sigmoid(g[i]) * b2 tanh(u[i]/b2),
+// the scalar `situ` of kernels/activations.h computed 16 lanes at a time (AVX-512).
+// libm's tanhf/expm1f per element cost more than the expert products around them at prefill
+// sizes; here exp is Cephes expf (range reduction by ln 2 in two parts, degree-5 polynomial,
+// the power of two applied by vscalefps so overflow gives inf and underflow 0) and tanh is
+// Cephes tanhf (odd polynomial below |x| = 0.625, else 1 - 2 / (exp(2|x|) + 1)): a few ulp
+// from the correctly rounded values, NaN propagated, +-inf saturated like libm.
+// Reference: the scalar `situ` (activations.h) in the same scalar type; tests compare them.
+#pragma once
+#include <cstdint>
+
+namespace k3 {
+
+// out [n] = SiTU(gate [n], up [n]) elementwise (out may alias neither input).
+void situ_forward_fast(float* out, const float* gate, const float* up, int64_t n, double b1, double b2);
+template <typename T>
+void situ_forward_reference(T* out, const T* gate, const T* up, int64_t n, double b1, double b2);
+
+}  // namespace k3
