@@ -5,8 +5,10 @@
 //   BM_MachineMemRead     streaming read of a 1 GiB buffer, AVX-512 loads, 8 accumulators per
 //                         thread (the decode bound: weights are only read), counter "B/s";
 //   BM_MachineMemReadWrite in-place read + write of 512 MiB (a state-update pattern), "B/s".
-// All run with the OpenMP thread count (k3::num_threads()). Header-only (inline) so that a
-// bench file can include it without a library; names live in k3::bench.
+// All run with the OpenMP thread count (k3::num_threads()); besides the rates (per wall second)
+// each reports its work per iteration ("flop", "bytes") so that a summary can take rates from
+// CPU time instead. Header-only (inline) so that a bench file can include it without a
+// library; names live in k3::bench.
 #pragma once
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
@@ -36,6 +38,7 @@ inline void BM_MachineSgemm(benchmark::State& st) {
   std::vector<float> A(size_t(N * N), 0.5f), B(size_t(N * N), 0.25f), C(size_t(N * N));
   for (auto _ : st) gemm(false, false, N, N, N, 1.f, A.data(), N, B.data(), N, 0.f, C.data(), N);
   st.counters["FLOP/s"] = benchmark::Counter(2.0 * N * N * N, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["flop"] = 2.0 * N * N * N;  // per iteration (for rates from another clock)
 }
 
 // Sum of n floats (n % 128 == 0), 8 independent accumulators so that loads, not the add
@@ -60,18 +63,34 @@ __attribute__((noinline)) inline float stream_sum(const float* p, int64_t n) {
 #endif
 }
 
+// The buffers the memory benchmarks keep between their calls (Google Benchmark calls a
+// function several times); release_machine_buffers() frees them, e.g. before a resident-memory
+// measurement.
+struct MachineBuffers {
+  Tensor read;               // BM_MachineMemRead: 1 GiB, filled
+  std::vector<float> rw;     // BM_MachineMemReadWrite: 512 MiB
+};
+inline MachineBuffers& machine_buffers() {
+  static MachineBuffers b;
+  return b;
+}
+inline void release_machine_buffers() {
+  machine_buffers().read = Tensor();
+  std::vector<float>().swap(machine_buffers().rw);
+}
+
 inline void BM_MachineMemRead(benchmark::State& st) {
   const int64_t n = int64_t(1) << 28;  // 1 GiB of f32: far beyond any cache
   // Owned, 64-byte aligned; first touched by the threads that read it (and with non-zero
   // values: untouched pages would all map the one zero page and read from cache).
-  static Tensor buf = Tensor::empty(DType::F32, {n});
-  static bool filled = false;
-  float* p = buf.data<float>();
-  if (!filled) {
+  Tensor& buf = machine_buffers().read;
+  if (!buf.defined() || buf.numel() != n) {
+    buf = Tensor::empty(DType::F32, {n});
+    float* q = buf.data<float>();
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) p[i] = float(i & 1023) * 1e-3f;
-    filled = true;
+    for (int64_t i = 0; i < n; ++i) q[i] = float(i & 1023) * 1e-3f;
   }
+  const float* p = buf.data<float>();
   for (auto _ : st) {
     float total = 0;
 #pragma omp parallel reduction(+ : total)
@@ -84,11 +103,13 @@ inline void BM_MachineMemRead(benchmark::State& st) {
     benchmark::DoNotOptimize(total);
   }
   st.counters["B/s"] = benchmark::Counter(4.0 * double(n), benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["bytes"] = 4.0 * double(n);  // per iteration
 }
 
 inline void BM_MachineMemReadWrite(benchmark::State& st) {
   const int64_t n = int64_t(1) << 27;  // 512 MiB
-  static std::vector<float> a(size_t(n), 1.f);
+  std::vector<float>& a = machine_buffers().rw;
+  if (a.size() != size_t(n)) a.assign(size_t(n), 1.f);
   for (auto _ : st) {
     float* p = a.data();
 #pragma omp parallel for simd schedule(static)
@@ -96,6 +117,7 @@ inline void BM_MachineMemReadWrite(benchmark::State& st) {
     benchmark::ClobberMemory();
   }
   st.counters["B/s"] = benchmark::Counter(2.0 * 4 * n, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["bytes"] = 2.0 * 4 * n;  // per iteration
 }
 
 // Registers the three under machine/ (sgemm at N = sgemm_n).

@@ -1,33 +1,40 @@
 // Whole-model inference benchmark (docs/benchmarks.md, section "Inference (mid-1024, MXFP4
 // experts, 2 threads)"): the mid-size synthetic model of configs/mid-1024.json with MXFP4
 // routed experts, loaded like `k3cpp generate` loads it (dense weights f32, experts zero-copy
-// MXFP4 views of the mmap'ed checkpoint), driven through infer/session.h:
+// MXFP4 views of the mmap'ed checkpoint), driven through infer/session.h. In run order:
+//   machine/*           the machine's figures in the same run (bench/machine_peak.h): OpenBLAS
+//                       sgemm 2048^3 (the f32 matrix-multiply peak) and the streaming-read
+//                       memory bandwidth; their buffers are freed before the model runs;
 //   infer/decode        one Session::step per iteration after a --prompt token prefill;
-//   infer/prefill/T     Session::prefill of T tokens (default 2048) from an empty state;
-//   machine/*           measured in the same run, after the model runs (bench/machine_peak.h):
-//                       OpenBLAS sgemm 2048^3 and the streaming-read memory bandwidth.
-// The summary then prints the targets of project issue 3:
-//   decode:  tok/s against bandwidth / (bytes one decode token touches), where the bytes are
-//            every dense weight in its in-memory dtype (f32 after loading; the embedding one
-//            row), top-k experts' MXFP4 bytes per MoE layer, and the decode caches read (KDA
+//   infer/prefill/T     Session::prefill of T tokens (default 2048) from an empty state.
+// Counters of the model runs (and the summary printed at the end) are the targets of project
+// issue 3:
+//   decode:  tok/s against bound_tok/s = bandwidth / bytes one decode token touches: every
+//            dense weight in its in-memory dtype (f32 after loading; the embedding one row),
+//            the top-k experts' MXFP4 bytes per MoE layer, and the decode caches read (KDA
 //            recurrent + conv state, the MLA latent cache at the benchmark's context);
+//            of_bound = tok/s / bound_tok/s;
 //   prefill: matrix FLOPs (2 x active matrix parameters per token, lm_head on the last row
-//            only, plus the MLA attention products) over the prefill's wall time, against the
-//            sgemm peak;
-//   memory:  peak resident set (getrusage ru_maxrss, read after the model runs, before the
-//            machine benchmarks allocate) against weights + caches.
+//            only, plus the MLA attention products) over the prefill's time: mat_GFLOP/s, and
+//            of_sgemm = that / the sgemm peak;
+//   memory:  peak_rss (getrusage ru_maxrss; the high-water mark is reset through
+//            /proc/self/clear_refs after the machine benchmarks free their buffers, so it
+//            covers loading the model and the model runs) against weights_caches (the weights
+//            as held + the caches), and resident anonymous / file-backed memory.
 // The model directory: --model_dir=DIR, else $K3_BENCH_MODEL, else
 // <build dir>/bench-models/mid-1024-mxfp4, created on first use like
 // `k3cpp init configs/mid-1024.json DIR --seed 1 --experts mxfp4` (about a minute).
 // Own flags (removed before Google Benchmark sees argv): --model_dir=DIR, --model_config=FILE
 // (the config for a model that has to be created), --prompt=N (default 128),
-// --decode_steps=N (default 128), --prefill_T=N (default 2048), --threads=N (default 2).
+// --decode_steps=N (default 128), --prefill_T=N (default 2048), --threads=N (default 2),
+// --time=cpu (every time and rate from the benchmark thread's CPU time: with --threads=1, the
+// time the work took on one core whatever else a shared machine runs; default wall time).
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -39,9 +46,9 @@
 #include <string>
 #include <vector>
 
-#include "machine_peak.h"
 #include "core/threads.h"
 #include "infer/session.h"
+#include "machine_peak.h"
 #include "model/checkpoint.h"
 #include "model/init.h"
 #include "model/planner.h"
@@ -54,6 +61,7 @@ namespace {
 std::string g_model_dir, g_model_config;
 int64_t g_prompt = 128, g_steps = 128, g_prefill_T = 2048;
 int g_threads = 2;
+bool g_cpu_time = false;  // --time=cpu
 
 // <build dir>: the directory above bench/ that holds this binary.
 fs::path build_dir() { return fs::read_symlink("/proc/self/exe").parent_path().parent_path(); }
@@ -89,9 +97,26 @@ std::string model_dir() {
   return dir;
 }
 
+// Resets the resident high-water mark to the current resident size (Linux >= 4.0); false
+// where /proc/self/clear_refs cannot be written (then ru_maxrss keeps the whole run's peak).
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return bool(f);
+}
+bool g_peak_reset = false;
+
+// Loaded on first use: the machine benchmarks' buffers are freed and the resident peak reset
+// first, so that the peak read later is loading plus the model runs.
 K3Model& model() {
   static std::unique_ptr<K3Model> m;
-  if (!m) m = std::make_unique<K3Model>(load_model(model_dir()));
+  if (!m) {
+    bench::release_machine_buffers();
+    const std::string dir = model_dir();
+    g_peak_reset = reset_peak_rss();
+    m = std::make_unique<K3Model>(load_model(dir));
+  }
   return *m;
 }
 
@@ -112,11 +137,13 @@ double peak_rss_bytes() {
   return double(ru.ru_maxrss) * 1024.0;  // Linux: KiB
 }
 
-double current_rss_bytes() {
-  std::ifstream f("/proc/self/statm");
-  long pages_total = 0, pages_rss = 0;
-  f >> pages_total >> pages_rss;
-  return double(pages_rss) * double(sysconf(_SC_PAGESIZE));
+// A "Name:   123 kB" field of /proc/self/status in bytes (VmRSS, RssAnon, RssFile, ...).
+double status_bytes(const char* field) {
+  std::ifstream f("/proc/self/status");
+  const std::string key = std::string(field) + ":";
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind(key, 0) == 0) return 1024.0 * std::atof(line.c_str() + key.size());
+  return NAN;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -163,58 +190,13 @@ double cache_bytes(const DecodeState& st) {
 }
 
 // ---------------------------------------------------------------------------------------
-// benchmarks
-
-double g_decode_bytes = NAN, g_decode_cache = NAN, g_prefill_cache = NAN;
-
-void BM_Decode(benchmark::State& st) {
-  K3Model& m = model();
-  const int64_t V = m.dims().V;
-  Session s(m, {KDAPath::Fast, KDAPath::Fast, g_prompt + g_steps + 8});
-  s.prefill(tokens(g_prompt, V, 1));
-  const std::vector<int32_t> next = tokens(int64_t(st.max_iterations) + 1, V, 2);
-  // Per-step wall times as well: the median resists the steps that another process's
-  // preemption stretched (the cores are shared), which the mean does not.
-  std::vector<double> ms;
-  ms.reserve(size_t(st.max_iterations));
-  size_t i = 0;
-  for (auto _ : st) {
-    const auto t0 = std::chrono::steady_clock::now();
-    benchmark::DoNotOptimize(s.step(next[i++]));
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  st.counters["p50_ms"] = ms[ms.size() / 2];
-  st.counters["min_ms"] = ms.front();
-  const Footprint f = footprint(m);
-  g_decode_cache = cache_bytes(s.state());
-  g_decode_bytes = f.dense + f.experts_tok + g_decode_cache;
-  st.counters["tok/s"] = benchmark::Counter(1.0, benchmark::Counter::kIsIterationInvariantRate);
-  st.counters["bytes/tok"] = g_decode_bytes;
-  st.counters["peak_rss"] = peak_rss_bytes();
-}
-
-void BM_Prefill(benchmark::State& st) {
-  K3Model& m = model();
-  const int64_t T = st.range(0);
-  Session s(m, {KDAPath::Fast, KDAPath::Fast, T});
-  const std::vector<int32_t> ids = tokens(T, m.dims().V, 3);
-  for (auto _ : st) {
-    s.reset();
-    benchmark::DoNotOptimize(s.prefill(ids));
-  }
-  g_prefill_cache = cache_bytes(s.state());
-  st.counters["tok/s"] = benchmark::Counter(double(T), benchmark::Counter::kIsIterationInvariantRate);
-  st.counters["peak_rss"] = peak_rss_bytes();
-}
-
-// ---------------------------------------------------------------------------------------
-// results and summary
+// results (filled as each benchmark finishes, so later ones can read earlier ones)
 
 struct Result {
-  double real_s;
+  double real_s, cpu_s;  // per iteration
   std::map<std::string, double> c;
 };
+double t_of(const Result& r) { return g_cpu_time ? r.cpu_s : r.real_s; }
 std::map<std::string, Result> g_res;
 
 class Capture : public benchmark::ConsoleReporter {
@@ -222,13 +204,13 @@ class Capture : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const auto& r : runs) {
       if (r.error_occurred || r.iterations == 0 || r.run_type != Run::RT_Iteration) continue;
-      Result x{r.real_accumulated_time / double(r.iterations), {}};
+      Result x{r.real_accumulated_time / double(r.iterations), r.cpu_accumulated_time / double(r.iterations), {}};
       for (const auto& [k, v] : r.counters) x.c[k] = v.value;
       std::string name = r.benchmark_name();
       if (const auto at = name.find("/real_time"); at != std::string::npos) name.erase(at);
       if (const auto at = name.find("/iterations:"); at != std::string::npos) name.erase(at);
       auto it = g_res.find(name);  // with --benchmark_repetitions: keep the best run
-      if (it == g_res.end() || x.real_s < it->second.real_s) g_res[name] = x;
+      if (it == g_res.end() || t_of(x) < t_of(it->second)) g_res[name] = x;
     }
     ConsoleReporter::ReportRuns(runs);
   }
@@ -238,62 +220,156 @@ double counter(const std::string& name, const char* c) {
   auto it = g_res.find(name);
   return it == g_res.end() || !it->second.c.count(c) ? NAN : it->second.c.at(c);
 }
+// Work per iteration over the iteration's time on the chosen clock.
+double rate(const std::string& name, double units) {
+  auto it = g_res.find(name);
+  return it == g_res.end() ? NAN : units / t_of(it->second);
+}
+const std::string kSgemm = "machine/sgemm_openblas/2048", kMemRead = "machine/mem_read";
+double mem_bandwidth() { return rate(kMemRead, counter(kMemRead, "bytes")); }
+double sgemm_peak() { return rate(kSgemm, counter(kSgemm, "flop")); }
 
-void summary(double rss_after_model) {
+// Matrix FLOPs of a T-token prefill (planner.h): 2 x active matrix parameters per token plus
+// the MLA attention products at context T; the lm_head runs on the last row only.
+double prefill_matrix_flops(const K3Config& cfg, int64_t T) {
+  const Flops fl = forward_flops_per_token(cfg, T);
+  const double lm = 2.0 * double(cfg.vocab_size) * double(cfg.hidden_size);
+  return (fl.matmul + fl.mla_attn) * double(T) - lm * double(T - 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// benchmarks
+
+double g_decode_bytes = NAN, g_decode_cache = NAN, g_prefill_cache = NAN;
+
+double clock_ms() {
+  timespec ts{};
+  clock_gettime(g_cpu_time ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
+  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) * 1e-6;
+}
+
+void memory_counters(benchmark::State& st, const K3Model& m, double cache) {
+  const Footprint f = footprint(m);
+  st.counters["peak_rss"] = peak_rss_bytes();
+  st.counters["weights_caches"] = f.weights_all + cache;
+  // Resident now, split: anonymous (the f32 weight buffer, activations, scratch, allocator)
+  // and file-backed (pages of the mmap'ed checkpoint: the MXFP4 experts, and whatever else of
+  // the file the loader touched).
+  st.counters["rss_anon"] = status_bytes("RssAnon");
+  st.counters["rss_file"] = status_bytes("RssFile");
+}
+
+void BM_Decode(benchmark::State& st) {
+  K3Model& m = model();
+  const int64_t V = m.dims().V;
+  Session s(m, {KDAPath::Fast, KDAPath::Fast, g_prompt + int64_t(st.max_iterations) + 8});
+  s.prefill(tokens(g_prompt, V, 1));
+  const std::vector<int32_t> next = tokens(int64_t(st.max_iterations) + 1, V, 2);
+  // Per-step times: the median resists the steps that another process's preemption stretched
+  // (the cores are shared), which the mean does not.
+  std::vector<double> ms;
+  ms.reserve(size_t(st.max_iterations));
+  size_t i = 0;
+  for (auto _ : st) {
+    const double t0 = clock_ms();
+    benchmark::DoNotOptimize(s.step(next[i++]));
+    ms.push_back(clock_ms() - t0);
+  }
+  double sum = 0;
+  for (double x : ms) sum += x;
+  std::sort(ms.begin(), ms.end());
+  const Footprint f = footprint(m);
+  g_decode_cache = cache_bytes(s.state());
+  g_decode_bytes = f.dense + f.experts_tok + g_decode_cache;
+  const double tok_s = 1e3 * double(ms.size()) / sum, bound = mem_bandwidth() / g_decode_bytes;
+  st.counters["tok/s"] = tok_s;
+  st.counters["p50_ms"] = ms[ms.size() / 2];
+  st.counters["min_ms"] = ms.front();
+  st.counters["bytes/tok"] = g_decode_bytes;
+  st.counters["bound_tok/s"] = bound;
+  st.counters["of_bound"] = tok_s / bound;
+  memory_counters(st, m, g_decode_cache);
+}
+
+void BM_Prefill(benchmark::State& st) {
+  K3Model& m = model();
+  const int64_t T = st.range(0);
+  Session s(m, {KDAPath::Fast, KDAPath::Fast, T});
+  const std::vector<int32_t> ids = tokens(T, m.dims().V, 3);
+  double best = INFINITY;
+  for (auto _ : st) {
+    s.reset();
+    const double t0 = clock_ms();
+    benchmark::DoNotOptimize(s.prefill(ids));
+    best = std::min(best, clock_ms() - t0);
+  }
+  g_prefill_cache = cache_bytes(s.state());
+  const double gflops = prefill_matrix_flops(m.config(), T) / best / 1e6;
+  st.counters["tok/s"] = 1e3 * double(T) / best;  // fastest iteration
+  st.counters["mat_GFLOP/s"] = gflops;
+  st.counters["of_sgemm"] = gflops * 1e9 / sgemm_peak();
+  memory_counters(st, m, g_prefill_cache);
+}
+
+// ---------------------------------------------------------------------------------------
+// summary
+
+void summary() {
   if (g_res.empty()) return;
   const K3Model& m = model();
   const K3Config& cfg = m.config();
   const Footprint f = footprint(m);
-  const double bw = counter("machine/mem_read", "B/s"), sgemm = counter("machine/sgemm_openblas/2048", "FLOP/s");
-  const double dec = counter("infer/decode", "tok/s");
-  const std::string pname = "infer/prefill/" + std::to_string(g_prefill_T);
-  const double pre = counter(pname, "tok/s");
-  std::printf("\n=== Inference (%s: d %ld, %ld layers, %ld experts top-%ld, latent %ld; %d threads; load average"
-              " now %s) ===\n",
+  const double bw = mem_bandwidth(), sgemm = sgemm_peak();
+  const std::string dn = "infer/decode", pn = "infer/prefill/" + std::to_string(g_prefill_T);
+  std::printf("\n=== Inference (%s: d %ld, %ld layers, %ld experts top-%ld, latent %ld; %d threads, %s time; load"
+              " average now %s) ===\n",
               fs::path(model_dir()).filename().c_str(), long(cfg.hidden_size), long(cfg.num_hidden_layers),
               long(cfg.num_experts), long(cfg.num_experts_per_token), long(cfg.routed_expert_hidden_size),
-              num_threads(), bench::load_average().c_str());
+              num_threads(), g_cpu_time ? "thread CPU" : "wall", bench::load_average().c_str());
   const char* core = std::getenv("OPENBLAS_CORETYPE");
   std::printf("machine: streaming read %.2f GB/s; OpenBLAS sgemm 2048 %.1f GFLOP/s (OpenBLAS kernel: %s)\n", bw / 1e9,
               sgemm / 1e9, core ? core : "default");
-  if (!std::isnan(dec)) {
-    const double bound = bw / g_decode_bytes;
-    const double p50 = counter("infer/decode", "p50_ms");
+  if (g_res.count(dn)) {
+    const double tok_s = counter(dn, "tok/s"), p50 = counter(dn, "p50_ms"), bound = bw / g_decode_bytes;
     std::printf("decode (after a %ld-token prompt, %ld steps): %.2f tok/s = %.2f ms/token mean; median step %.2f ms"
                 " = %.2f tok/s, fastest %.2f ms\n",
-                long(g_prompt), long(g_steps), dec, 1e3 / dec, p50, 1e3 / p50, counter("infer/decode", "min_ms"));
+                long(g_prompt), long(g_steps), tok_s, 1e3 / tok_s, p50, 1e3 / p50, counter(dn, "min_ms"));
     std::printf("  bytes per token %.1f MB = dense f32 %.1f MB + top-%ld experts MXFP4 %.2f MB + caches %.2f MB\n",
                 g_decode_bytes / 1e6, f.dense / 1e6, long(cfg.num_experts_per_token), f.experts_tok / 1e6,
                 g_decode_cache / 1e6);
     std::printf("  bandwidth bound %.2f tok/s; achieved %.1f%% of the bound by the mean (target >= 50%%), %.1f%% by"
                 " the median step; effective %.2f GB/s (mean)\n",
-                bound, 100 * dec / bound, 100 * 1e3 / p50 / bound, dec * g_decode_bytes / 1e9);
+                bound, 100 * tok_s / bound, 100 * 1e3 / p50 / bound, tok_s * g_decode_bytes / 1e9);
   }
-  if (!std::isnan(pre)) {
-    const Flops fl = forward_flops_per_token(cfg, g_prefill_T);
-    // lm_head runs on the last row only (last_only): take T - 1 rows' worth out.
-    const double T = double(g_prefill_T), lm = 2.0 * double(cfg.vocab_size) * double(cfg.hidden_size);
-    const double mat = (fl.matmul + fl.mla_attn) * T - lm * (T - 1);
+  if (g_res.count(pn)) {
+    const double tok_s = counter(pn, "tok/s"), mat = prefill_matrix_flops(cfg, g_prefill_T);
     std::printf("prefill T=%ld: %.1f tok/s = %.3f s; matrix work %.1f GFLOP (2 x active matrix params per token +"
-                " MLA attention) -> %.1f GFLOP/s = %.1f%% of sgemm peak (target >= 40%%)\n",
-                long(g_prefill_T), pre, T / pre, mat / 1e9, mat * pre / T / 1e9, 100 * mat * pre / T / sgemm);
+                " MLA attention) -> %.1f GFLOP/s = %.1f%% of the sgemm peak (target >= 40%%)\n",
+                long(g_prefill_T), tok_s, double(g_prefill_T) / tok_s, mat / 1e9, counter(pn, "mat_GFLOP/s"),
+                100 * counter(pn, "mat_GFLOP/s") * 1e9 / sgemm);
   }
-  const double cache = std::max(std::isnan(g_decode_cache) ? 0.0 : g_decode_cache,
-                                std::isnan(g_prefill_cache) ? 0.0 : g_prefill_cache);
-  std::printf("memory: peak RSS %.1f MB (after the model runs; resident now %.1f MB); weights as held %.1f MB (f32 buffer %.1f MB + MXFP4"
-              " experts %.1f MB) + caches %.2f MB = %.1f MB; peak / (weights + caches) = %.2f\n",
-              rss_after_model / 1e6, current_rss_bytes() / 1e6, f.weights_all / 1e6, (f.weights_all - f.expert_all) / 1e6, f.expert_all / 1e6,
-              cache / 1e6, (f.weights_all + cache) / 1e6, rss_after_model / (f.weights_all + cache));
+  for (const std::string& name : {dn, pn}) {
+    if (!g_res.count(name)) continue;
+    const double cache = name == dn ? g_decode_cache : g_prefill_cache;
+    std::printf("memory after %s: peak RSS %.1f MB (%s); weights as held %.1f MB (f32 buffer %.1f MB + MXFP4 experts"
+                " %.1f MB) + caches %.2f MB = %.1f MB; peak / (weights + caches) = %.2f; resident now: anonymous"
+                " %.1f MB, file-backed %.1f MB\n",
+                name.c_str(), counter(name, "peak_rss") / 1e6,
+                g_peak_reset ? "since the model load" : "whole run: clear_refs unavailable", f.weights_all / 1e6,
+                (f.weights_all - f.expert_all) / 1e6, f.expert_all / 1e6, cache / 1e6,
+                counter(name, "weights_caches") / 1e6, counter(name, "peak_rss") / counter(name, "weights_caches"),
+                counter(name, "rss_anon") / 1e6, counter(name, "rss_file") / 1e6);
+  }
 }
 
 void register_all() {
+  bench::register_machine_peaks(2048);
   benchmark::RegisterBenchmark("infer/decode", BM_Decode)->Iterations(g_steps)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("infer/prefill", BM_Prefill)
       ->Arg(g_prefill_T)
       ->Iterations(2)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
-  bench::register_machine_peaks(2048);
 }
 
 }  // namespace
@@ -309,6 +385,7 @@ int main(int argc, char** argv) {
     else if (const char* v = val("--decode_steps=")) g_steps = std::stoll(v);
     else if (const char* v = val("--prefill_T=")) g_prefill_T = std::stoll(v);
     else if (const char* v = val("--threads=")) g_threads = std::stoi(v);
+    else if (a == "--time=cpu") g_cpu_time = true;
     else argv[w++] = argv[i];
   }
   argc = w;
@@ -318,13 +395,8 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   Capture rep;
-  // The model runs come first (registration order) and read the resident peak as they end,
-  // before the machine benchmarks allocate their buffers.
   benchmark::RunSpecifiedBenchmarks(&rep);
-  double rss = NAN;
-  for (const auto& [name, r] : g_res)
-    if (name.rfind("infer/", 0) == 0 && r.c.count("peak_rss")) rss = std::isnan(rss) ? r.c.at("peak_rss") : std::max(rss, r.c.at("peak_rss"));
-  summary(rss);
+  summary();
   benchmark::Shutdown();
   return 0;
 }

@@ -1,12 +1,14 @@
 // `k3cpp eval <model dir> [--data SPEC] [--heldout-every N] [--seq-len N] [--max-tokens N]
-//              [--batch-tokens N] [--threads N] [--json out.json]`
+//              [--batch-tokens N] [--threads N] [--json out.json]
+//              [--moving-qb [--mqb-lambda L] [--mqb-chunk C]]`
 // Held-out loss, bits per byte and the routing statistics of every MoE layer of a trained
 // model (train/routing_eval.h): MaxVio over the whole held-out set, experts that received no
 // token, within-sequence MaxVio, dropped slots (counted; 0 without a capacity limit) and the
 // overflow a capacity-limited MoE would have had per batch, each beside its random-routing
 // noise floor. Defaults come from the checkpoint's run.json when there is one (the data, the
 // held-out split, the last stage's seq_len and the batch), so `k3cpp eval DIR/checkpoint`
-// evaluates a training run on exactly its held-out documents.
+// evaluates a training run on exactly its held-out documents. --moving-qb adds the same
+// figures for Moving QB's selection (train/moving_qb.h) recomputed from the model's scores.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -30,12 +32,16 @@ using json = nlohmann::json;
 const char* kUsage =
     "usage: k3cpp eval <model dir> [--data SPEC] [--heldout-every N] [--seq-len N] [--max-tokens N]\n"
     "                  [--batch-tokens N] [--threads N] [--json out.json]\n"
+    "                  [--moving-qb [--mqb-lambda L] [--mqb-chunk C]]\n"
     "  --data           corpus: 'bible' or a path (default: the checkpoint's run.json, else bible)\n"
     "  --heldout-every  every N-th document is held out (default: run.json, else 40)\n"
     "  --seq-len        window length (default: the last stage's seq_len in run.json, else 256)\n"
     "  --max-tokens     evaluate only the first N held-out tokens (default 0: the whole held-out set)\n"
     "  --batch-tokens   batch of the per-batch overflow figure (default: run.json, else 4096)\n"
-    "  --json           also write every figure (with per-expert loads) to this file\n";
+    "  --json           also write every figure (with per-expert loads) to this file\n"
+    "  --moving-qb      also the figures of Moving QB's sequence-level selection (train/moving_qb.h),\n"
+    "                   recomputed from each layer's scores: exact for the first MoE layer, later\n"
+    "                   layers keep the inputs of the static routing; EMA weight L (0.3), chunk C (64)\n";
 
 struct Defaults {
   std::string data = "bible";
@@ -80,10 +86,28 @@ int64_t positive(const Args& a, const char* name, int64_t def, bool allow_zero =
   return v;
 }
 
+json stats_json(const std::vector<LayerRoutingStats>& layers) {
+  json a = json::array();
+  for (const LayerRoutingStats& s : layers)
+    a.push_back({{"layer", s.layer},
+                 {"maxvio", s.maxvio},
+                 {"zero_experts", s.zero_experts},
+                 {"seq_maxvio_mean", s.seq_maxvio_mean},
+                 {"seq_maxvio_max", s.seq_maxvio_max},
+                 {"tokens", s.tokens},
+                 {"slots", s.slots},
+                 {"dropped", s.dropped},
+                 {"overflow_cf1", s.overflow_cf1},
+                 {"overflow_cf125", s.overflow_cf125},
+                 {"loads", s.loads}});
+  return a;
+}
+
 }  // namespace
 
 int cmd_eval(const std::vector<std::string>& args) {
-  Args a(args, {"data", "heldout-every", "seq-len", "max-tokens", "batch-tokens", "threads", "json"}, {"help"}, "eval");
+  Args a(args, {"data", "heldout-every", "seq-len", "max-tokens", "batch-tokens", "threads", "json", "mqb-lambda", "mqb-chunk"},
+         {"help", "moving-qb"}, "eval");
   if (a.flag("help")) {
     std::fputs(kUsage, stdout);
     return 0;
@@ -98,6 +122,11 @@ int cmd_eval(const std::vector<std::string>& args) {
   const int64_t T = positive(a, "seq-len", d.seq_len);
   const int64_t max_tokens = positive(a, "max-tokens", 0, true);
   const int64_t batch = positive(a, "batch-tokens", d.batch_tokens);
+  MovingQBOptions mqb;
+  mqb.lambda = a.get_double("mqb-lambda", mqb.lambda);
+  mqb.chunk = positive(a, "mqb-chunk", mqb.chunk);
+  if (!(mqb.lambda > 0 && mqb.lambda < 1)) fail("--mqb-lambda: expected a number in (0, 1), got " + std::to_string(mqb.lambda));
+  const bool moving = a.flag("moving-qb");
 
   const ByteTokenizer tok = md.tokenizer_path.empty() ? ByteTokenizer() : load_model_tokenizer(md);
   if (md.config.vocab_size < tok.vocab_size())
@@ -105,7 +134,7 @@ int cmd_eval(const std::vector<std::string>& args) {
                std::to_string(md.config.vocab_size) + " is below the tokenizer's " + std::to_string(tok.vocab_size()));
   const CorpusSplit split = split_and_tokenize(load_corpus(data), tok, every);
   const K3Model model = load_model(md);
-  const HeldoutEval r = evaluate_heldout(model, split.heldout, T, max_tokens, batch);
+  const HeldoutEval r = evaluate_heldout(model, split.heldout, T, max_tokens, batch, moving ? &mqb : nullptr);
   const int64_t k = md.config.num_experts_per_token, E = md.config.num_experts;
 
   std::printf("held-out: %s, every %lld-th document (%lld documents, %zu tokens)%s\n", data.c_str(), (long long)every,
@@ -125,6 +154,13 @@ int cmd_eval(const std::vector<std::string>& args) {
                 r.random.zero_experts, r.random.seq_maxvio, "-", "-", 100 * r.random.overflow_cf1,
                 100 * r.random.overflow_cf125, r.random.batch_maxvio);
   }
+  if (!r.moving.empty()) {
+    std::printf("Moving QB selection (lambda %.3g, chunk %lld), from the same scores:\n", mqb.lambda, (long long)mqb.chunk);
+    for (const LayerRoutingStats& s : r.moving)
+      std::printf("%6lld %8.3f %10lld %13.3f %12.3f %8lld %8.2f%% %9.2f%%\n", (long long)s.layer, s.maxvio,
+                  (long long)s.zero_experts, s.seq_maxvio_mean, s.seq_maxvio_max, (long long)s.dropped,
+                  100 * s.overflow_cf1, 100 * s.overflow_cf125);
+  }
   if (const auto out = a.get("json")) {
     json j = {{"model", dir},
               {"data", data},
@@ -138,19 +174,8 @@ int cmd_eval(const std::vector<std::string>& args) {
               {"experts", E},
               {"top_k", k},
               {"batch_tokens", r.batch_tokens}};
-    j["layers"] = json::array();
-    for (const LayerRoutingStats& s : r.layers)
-      j["layers"].push_back({{"layer", s.layer},
-                             {"maxvio", s.maxvio},
-                             {"zero_experts", s.zero_experts},
-                             {"seq_maxvio_mean", s.seq_maxvio_mean},
-                             {"seq_maxvio_max", s.seq_maxvio_max},
-                             {"tokens", s.tokens},
-                             {"slots", s.slots},
-                             {"dropped", s.dropped},
-                             {"overflow_cf1", s.overflow_cf1},
-                             {"overflow_cf125", s.overflow_cf125},
-                             {"loads", s.loads}});
+    j["layers"] = stats_json(r.layers);
+    if (moving) j["moving_qb"] = {{"lambda", mqb.lambda}, {"chunk", mqb.chunk}, {"layers", stats_json(r.moving)}};
     j["random"] = {{"maxvio", r.random.maxvio},
                    {"zero_experts", r.random.zero_experts},
                    {"seq_maxvio", r.random.seq_maxvio},
@@ -161,12 +186,13 @@ int cmd_eval(const std::vector<std::string>& args) {
     std::printf("wrote %s\n", out->c_str());
   }
   // Dropped slots mean the engine lost routed tokens: never expected, so a failure.
-  for (const LayerRoutingStats& s : r.layers)
-    if (s.dropped != 0) {
-      std::fprintf(stderr, "eval: layer %lld dropped %lld routed slots (expected 0: no capacity limit)\n",
-                   (long long)s.layer, (long long)s.dropped);
-      return 1;
-    }
+  for (const auto* set : {&r.layers, &r.moving})
+    for (const LayerRoutingStats& s : *set)
+      if (s.dropped != 0) {
+        std::fprintf(stderr, "eval: layer %lld dropped %lld routed slots (expected 0: no capacity limit)\n",
+                     (long long)s.layer, (long long)s.dropped);
+        return 1;
+      }
   return 0;
 }
 

@@ -35,33 +35,48 @@ inline float hsum(__m512 v) {  // fixed pairwise order
   return _mm_cvtss_f32(q);
 }
 
+constexpr int64_t kPrefetch = 256;
+
 // op(B) = B^T: outputs [n0, n0 + R) of rows [m0, m0 + NX); lane j of each accumulator sums
 // k = j, j + 16, ... in order, the tail chunk masked (zeros).
 template <int R, int NX>
 void dot_tile(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t m0, int64_t n0,
               int64_t K, float alpha, float beta) {
   __m512 acc[R][NX];
+  #pragma GCC unroll 32
   for (auto& a : acc)
+    #pragma GCC unroll 32
     for (auto& v : a) v = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + 16 <= K; k += 16) {
+    if (NX == 1)  // decode: pure streaming; request each row's line kPrefetch floats ahead
+#pragma GCC unroll 32
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(B + (n0 + r) * ldb + k + kPrefetch), _MM_HINT_T0);
     __m512 x[NX];
+    #pragma GCC unroll 32
     for (int i = 0; i < NX; ++i) x[i] = _mm512_loadu_ps(A + (m0 + i) * lda + k);
+    #pragma GCC unroll 32
     for (int r = 0; r < R; ++r) {
       const __m512 w = _mm512_loadu_ps(B + (n0 + r) * ldb + k);
+      #pragma GCC unroll 32
       for (int i = 0; i < NX; ++i) acc[r][i] = _mm512_fmadd_ps(w, x[i], acc[r][i]);
     }
   }
   if (k < K) {
     const __mmask16 m = __mmask16((1u << (K - k)) - 1);
     __m512 x[NX];
+    #pragma GCC unroll 32
     for (int i = 0; i < NX; ++i) x[i] = _mm512_maskz_loadu_ps(m, A + (m0 + i) * lda + k);
+    #pragma GCC unroll 32
     for (int r = 0; r < R; ++r) {
       const __m512 w = _mm512_maskz_loadu_ps(m, B + (n0 + r) * ldb + k);
+      #pragma GCC unroll 32
       for (int i = 0; i < NX; ++i) acc[r][i] = _mm512_fmadd_ps(w, x[i], acc[r][i]);
     }
   }
+  #pragma GCC unroll 32
   for (int i = 0; i < NX; ++i)
+    #pragma GCC unroll 32
     for (int r = 0; r < R; ++r) {
       float& c = C[(m0 + i) * ldc + n0 + r];
       c = finish(hsum(acc[r][i]), alpha, beta, c);
@@ -84,19 +99,26 @@ template <int NV, int NX>
 void axpy_tile(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t m0, int64_t n0,
                int64_t K, float alpha, float beta, __mmask16 last) {
   __m512 acc[NX][NV];
+  #pragma GCC unroll 32
   for (auto& a : acc)
+    #pragma GCC unroll 32
     for (auto& v : a) v = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     __m512 b[NV];
+    #pragma GCC unroll 32
     for (int v = 0; v < NV; ++v)
       b[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, B + k * ldb + n0 + 16 * v) : _mm512_loadu_ps(B + k * ldb + n0 + 16 * v);
+    #pragma GCC unroll 32
     for (int i = 0; i < NX; ++i) {
       const __m512 a = _mm512_set1_ps(A[(m0 + i) * lda + k]);
+      #pragma GCC unroll 32
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(a, b[v], acc[i][v]);
     }
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  #pragma GCC unroll 32
   for (int i = 0; i < NX; ++i)
+    #pragma GCC unroll 32
     for (int v = 0; v < NV; ++v) {
       float* c = C + (m0 + i) * ldc + n0 + 16 * v;
       const __mmask16 m = v == NV - 1 ? last : __mmask16(0xffff);

@@ -1,9 +1,9 @@
 // Fast chunked KDA backward (contract in kda_fast.h; plain reference kda_chunk_backward in
 // kda_backward_ref.h, whose derivation this follows step for step). Per head, chunks in
 // reverse order, dS = gradient of the state after the chunk. The forward's per-chunk
-// state S0, R and V' come from the workspace (recomputed by a state pass when absent); Akk,
-// Aqk, Linv and the anchored operands are recomputed per chunk (cheap, and they keep the
-// saved memory at one state + two value-sized tensors per chunk).
+// state S0, R, V', Akk and Aqk come from the workspace (filled by a state pass when absent);
+// the decay factors, anchored operands and the UT inverse are recomputed per chunk (cheap,
+// and they would double the saved memory).
 #include <omp.h>
 
 #include <algorithm>
@@ -98,10 +98,11 @@ void backward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* dq
     mm(s.dVp, Vp, a_op(bf, s.Kd, Kp, false, C, Kp, s.ha), b_op(bf, dS, Vp, false, Kp, Vp, s.hb1), C, Vp, Kp, 1.f,
        false);
     mm(s.dVp, Vp, a_op(bf, Aqk, C, true, C, C, s.ha), bdO, C, Vp, C, 1.f, true, Tri::Upper);
-    // V' = Tm R:  dR = Tm^T dV'  (stored negated in G2: R = V - K E S0 then reads as + below)
+    // V' = Tm R:  dR = Tm^T dV', stored negated as the top half of G2 = [-dR ; dO]
     mm(s.G2, Vp, a_op(bf, s.Tm, C, true, C, C, s.ha), b_op(bf, s.dVp, Vp, false, C, Vp, s.hb1), C, Vp, C, -1.f,
        false, Tri::Upper);
-    for (int64_t i = 0; i < n; ++i) store_row(dv + ((t0 + i) * H + h) * Dv, s.G2 + i * Vp, Dv, -1.f, gm.stream);  // dV = dR
+    // R = V - K E S0:  dV = dR
+    for (int64_t i = 0; i < n; ++i) store_row(dv + ((t0 + i) * H + h) * Dv, s.G2 + i * Vp, Dv, -1.f, gm.stream);
     BOp bG2 = b_op(bf, s.G2, Vp, false, C, Vp, s.hb2);  // completes [-dR ; dO] (2C rows)
     // V' = Tm R:  dTm = dV' R^T;  O: dAqk = MaskIncl(dO V'^T)   (16-row blocks, lower part only)
     {

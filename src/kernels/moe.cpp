@@ -111,24 +111,32 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
     const bool mx = w1[e].mx || w3[e].mx || w2[e].mx;
     if (mx && n > kFusedMaxRows) {
       // Prefill sizes: rows as columns (kernels/small_matmul.h), each matrix dequantised once.
-      for (int64_t r = 0; r < n; ++r) {
-        const float* zr = z + int64_t(dp.token[begin + r]) * n_in;
-        for (int64_t c = 0; c < n_in; ++c) zg[c * ld + r] = zr[c];
-      }
+      // Transposes go in tiles of 16 columns, so the 16 rows of the column-major side being
+      // written or read stay in L1 across the n rows.
+      for (int64_t c0 = 0; c0 < n_in; c0 += 16)
+        for (int64_t r = 0; r < n; ++r) {
+          const float* zr = z + int64_t(dp.token[begin + r]) * n_in;
+          for (int64_t c = c0; c < std::min(c0 + 16, n_in); ++c) zg[c * ld + r] = zr[c];
+        }
       linear_cols(gu, zg, expert_f32(w1[e], deq), n, n_in, F, ld, ld);
       linear_cols(gu + F * ld, zg, expert_f32(w3[e], deq), n, n_in, F, ld, ld);
       for (int64_t j = 0; j < F; ++j) situ_forward_fast(act + j * ld, gu + j * ld, gu + (F + j) * ld, n, b1, b2);
       linear_cols(y, act, expert_f32(w2[e], deq), n, F, n_in, ld, ld);
-      for (int64_t r = 0; r < n; ++r) {
-        const int64_t s = dp.slot[begin + r];
-        if (gu_saved)
-          for (int64_t j = 0; j < 2 * F; ++j) gu_saved[s * 2 * F + j] = gu[j * ld + r];
-        if (y_saved)
-          for (int64_t c = 0; c < n_in; ++c) y_saved[s * n_in + c] = y[c * ld + r];
-        const float p = topk_w[s];
-        float* dst = slots + s * n_in;
-        for (int64_t c = 0; c < n_in; ++c) dst[c] = p * y[c * ld + r];
-      }
+      for (int64_t c0 = 0; c0 < n_in; c0 += 16)
+        for (int64_t r = 0; r < n; ++r) {
+          const int64_t s = dp.slot[begin + r];
+          const float p = topk_w[s];
+          for (int64_t c = c0; c < std::min(c0 + 16, n_in); ++c) {
+            slots[s * n_in + c] = p * y[c * ld + r];
+            if (y_saved) y_saved[s * n_in + c] = y[c * ld + r];
+          }
+        }
+      if (gu_saved)
+        for (int64_t j0 = 0; j0 < 2 * F; j0 += 16)
+          for (int64_t r = 0; r < n; ++r) {
+            const int64_t s = dp.slot[begin + r];
+            for (int64_t j = j0; j < std::min(j0 + 16, 2 * F); ++j) gu_saved[s * 2 * F + j] = gu[j * ld + r];
+          }
       continue;
     }
     for (int64_t r = 0; r < n; ++r)

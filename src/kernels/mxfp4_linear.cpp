@@ -65,6 +65,8 @@ void split_even_odd(float* xs, const float* x, int64_t nt, int64_t in) {
   }
 }
 
+constexpr int64_t kPrefetchRows = 16;
+
 // RB weight rows [r0, r0 + RB) against NT split rows of x; NA accumulators per (row, x row)
 // (two where few chains would otherwise wait on the FMA latency).
 template <int RB, int NT>
@@ -73,27 +75,42 @@ void rows_block(float* y, int64_t ldy, const float* xs, const uint8_t* packed, c
   constexpr int NA = NT <= 2 ? 2 : 1;
   const int64_t G = in / 32;
   const __m512 lut = _mm512_loadu_ps(kE2M1);
+  #pragma GCC unroll 32
   for (int r = 0; r < RB; ++r) decode_scales(sc + r * G, scales + (r0 + r) * G, G);
   __m512 acc[RB][NT][NA];
+  #pragma GCC unroll 32
   for (auto& a : acc)
+    #pragma GCC unroll 32
     for (auto& b : a)
+      #pragma GCC unroll 32
       for (auto& c : b) c = _mm512_setzero_ps();
+  // Rows kPrefetchRows ahead are requested while these are decoded: one expert matrix is too
+  // short for the hardware prefetcher to ramp up on its own (16 bytes per row and group).
+  const uint8_t* ahead = packed + (r0 + kPrefetchRows) * (in / 2);
   for (int64_t g = 0; g < G; ++g) {
+    if (g % 4 == 0)  // one 64-byte line per row every 4 groups
+#pragma GCC unroll 32
+      for (int r = 0; r < RB; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead + r * (in / 2) + g * 16), _MM_HINT_T0);
     __m512 xe[NT], xo[NT];
+    #pragma GCC unroll 32
     for (int t = 0; t < NT; ++t) {
       xe[t] = _mm512_loadu_ps(xs + t * in + g * 32);
       xo[t] = _mm512_loadu_ps(xs + t * in + g * 32 + 16);
     }
+    #pragma GCC unroll 32
     for (int r = 0; r < RB; ++r) {
       __m512 we, wo;
       decode_group(we, wo, packed + (r0 + r) * (in / 2) + g * 16, _mm512_mul_ps(lut, _mm512_set1_ps(sc[r * G + g])));
+      #pragma GCC unroll 32
       for (int t = 0; t < NT; ++t) {
         acc[r][t][0] = _mm512_fmadd_ps(we, xe[t], acc[r][t][0]);
         acc[r][t][NA - 1] = _mm512_fmadd_ps(wo, xo[t], acc[r][t][NA - 1]);
       }
     }
   }
+  #pragma GCC unroll 32
   for (int r = 0; r < RB; ++r)
+    #pragma GCC unroll 32
     for (int t = 0; t < NT; ++t) {
       const float v = hsum(NA == 2 ? _mm512_add_ps(acc[r][t][0], acc[r][t][NA - 1]) : acc[r][t][0]);
       float& dst = y[t * ldy + r0 + r];

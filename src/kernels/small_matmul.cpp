@@ -24,20 +24,27 @@ template <int R, int NV>
 void tile(float* yt, const float* xt, const float* W, int64_t r0, int64_t c0, int64_t in, int64_t ldx, int64_t ldy,
           __mmask16 last) {
   __m512 acc[R][NV];
+  #pragma GCC unroll 32
   for (auto& a : acc)
+    #pragma GCC unroll 32
     for (auto& v : a) v = _mm512_setzero_ps();
   const float* w = W + r0 * in;
   const float* x = xt + c0;
   for (int64_t k = 0; k < in; ++k, x += ldx) {
     __m512 xv[NV];
+    #pragma GCC unroll 32
     for (int v = 0; v < NV; ++v)
       xv[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, x + 16 * v) : _mm512_loadu_ps(x + 16 * v);
+    #pragma GCC unroll 32
     for (int r = 0; r < R; ++r) {
       const __m512 b = _mm512_set1_ps(w[r * in + k]);
+      #pragma GCC unroll 32
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(b, xv[v], acc[r][v]);
     }
   }
+  #pragma GCC unroll 32
   for (int r = 0; r < R; ++r)
+    #pragma GCC unroll 32
     for (int v = 0; v < NV; ++v) {
       float* dst = yt + (r0 + r) * ldy + c0 + 16 * v;
       if (v == NV - 1) _mm512_mask_storeu_ps(dst, last, acc[r][v]);

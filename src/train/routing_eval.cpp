@@ -35,7 +35,50 @@ struct EvalScratch {
   ForwardRecord rec;
   DecodeState ds;
   std::vector<float> logits;
+  std::vector<int64_t> loads;  // [E]
+  MovingQBScratch mqb;
+  std::vector<int32_t> midx;   // [T, k] moving-QB selection
+  std::vector<float> zero_bias;
 };
+
+// The figures of one MoE layer from its per-window loads wl [n][n_moe][E] (layer l) and valid
+// slot counts ws [n][n_moe], reduced in window order; batches of per_batch windows.
+LayerRoutingStats layer_stats(const std::vector<int32_t>& wl, const std::vector<int64_t>& wslots, int64_t n,
+                              int64_t n_moe, int64_t l, int64_t E, int64_t k, int64_t T, int64_t per_batch) {
+  LayerRoutingStats s;
+  s.loads.assign(size_t(E), 0);
+  s.tokens = n * T;
+  std::vector<int64_t> one(static_cast<size_t>(E)), batch(static_cast<size_t>(E), 0);
+  int64_t over1 = 0, over125 = 0, batch_slots = 0;
+  for (int64_t w = 0; w < n; ++w) {
+    const int32_t* src = wl.data() + (w * n_moe + l) * E;
+    for (int64_t j = 0; j < E; ++j) {
+      one[size_t(j)] = src[j];
+      s.loads[size_t(j)] += src[j];
+      batch[size_t(j)] += src[j];
+    }
+    s.slots += wslots[size_t(w * n_moe + l)];
+    const double mv = max_violation(one.data(), E);
+    s.seq_maxvio_mean += mv;
+    s.seq_maxvio_max = std::max(s.seq_maxvio_max, mv);
+    // A batch closes after per_batch windows (a trailing partial batch is left out).
+    if ((w + 1) % per_batch == 0) {
+      over1 += overflow_slots(batch.data(), E, 1.0);
+      over125 += overflow_slots(batch.data(), E, 1.25);
+      for (int64_t j = 0; j < E; ++j) batch_slots += batch[size_t(j)];
+      std::fill(batch.begin(), batch.end(), int64_t(0));
+    }
+  }
+  s.seq_maxvio_mean /= double(n);
+  s.maxvio = max_violation(s.loads.data(), E);
+  s.zero_experts = zero_count(s.loads.data(), E);
+  s.dropped = s.tokens * k - s.slots;
+  if (batch_slots > 0) {
+    s.overflow_cf1 = double(over1) / double(batch_slots);
+    s.overflow_cf125 = double(over125) / double(batch_slots);
+  }
+  return s;
+}
 
 }  // namespace
 
@@ -113,7 +156,7 @@ RandomRoutingBaseline random_routing_baseline(int64_t total_tokens, int64_t seq_
 }
 
 HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& heldout, int64_t seq_len,
-                             int64_t max_tokens, int64_t batch_tokens) {
+                             int64_t max_tokens, int64_t batch_tokens, const MovingQBOptions* moving) {
   const int64_t T = seq_len;
   if (T < 1) fail("evaluate: seq_len must be positive, got " + std::to_string(T));
   const int64_t avail = (int64_t(heldout.size()) - 1) / T;
@@ -131,11 +174,12 @@ HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& h
   std::vector<int64_t> bytes(static_cast<size_t>(n), 0);
   std::vector<int32_t> wloads(static_cast<size_t>(n * n_moe * E), 0);
   std::vector<int64_t> wslots(static_cast<size_t>(n * n_moe), 0);
+  std::vector<int32_t> mloads(moving ? static_cast<size_t>(n * n_moe * E) : 0, 0);
+  std::vector<int64_t> mslots(moving ? static_cast<size_t>(n * n_moe) : 0, 0);
 
   const int P = std::max(1, num_threads());
   std::vector<std::unique_ptr<EvalScratch>> scratch;
   for (int t = 0; t < P; ++t) scratch.push_back(std::make_unique<EvalScratch>());
-  std::vector<std::vector<int64_t>> tl(static_cast<size_t>(P), std::vector<int64_t>(static_cast<size_t>(E)));
   std::vector<std::exception_ptr> err(static_cast<size_t>(n));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(P)
   for (int64_t w = 0; w < n; ++w) {
@@ -161,7 +205,8 @@ HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& h
       }
       nats[size_t(w)] = sum;
       bytes[size_t(w)] = nb;
-      std::vector<int64_t>& l64 = tl[size_t(tid)];
+      std::vector<int64_t>& l64 = es.loads;
+      l64.resize(size_t(E));
       for (int64_t l = 0; l < n_moe; ++l) {
         const MoERouting& r = es.rec.layers[size_t(first_moe + l)].routing;
         K3_ASSERT(int64_t(r.idx.size()) >= T * k, "MoE layer without a routing record");
@@ -170,6 +215,20 @@ HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& h
             accumulate_routing(l64.data(), r.idx.data(), r.weight.empty() ? nullptr : r.weight.data(), T, k, E);
         int32_t* dst = wloads.data() + (w * n_moe + l) * E;
         for (int64_t j = 0; j < E; ++j) dst[j] = int32_t(l64[size_t(j)]);
+        if (moving) {
+          // The moving-QB selection from the same scores and the layer's global bias.
+          const float* bias = model.layer(first_moe + l).moe.router_bias;
+          if (!bias) {
+            es.zero_bias.assign(size_t(E), 0.f);
+            bias = es.zero_bias.data();
+          }
+          es.midx.resize(size_t(T * k));
+          moving_qb_route(es.midx.data(), r.scores.data(), bias, T, E, k, *moving, es.mqb);
+          std::fill(l64.begin(), l64.end(), int64_t(0));
+          mslots[size_t(w * n_moe + l)] = accumulate_routing(l64.data(), es.midx.data(), nullptr, T, k, E);
+          int32_t* mdst = mloads.data() + (w * n_moe + l) * E;
+          for (int64_t j = 0; j < E; ++j) mdst[j] = int32_t(l64[size_t(j)]);
+        }
       }
     } catch (...) {
       err[size_t(w)] = std::current_exception();
@@ -188,42 +247,13 @@ HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& h
   r.loss = total / double(r.targets);
   r.bpb = r.bytes > 0 ? total / std::log(2.0) / double(r.bytes) : 0;
 
-  std::vector<int64_t> one(static_cast<size_t>(E)), batch(static_cast<size_t>(E));
   for (int64_t l = 0; l < n_moe; ++l) {
-    LayerRoutingStats s;
-    s.layer = first_moe + l;
-    s.loads.assign(size_t(E), 0);
-    s.tokens = r.targets;
-    int64_t over1 = 0, over125 = 0, batch_slots = 0;
-    std::fill(batch.begin(), batch.end(), int64_t(0));
-    for (int64_t w = 0; w < n; ++w) {
-      const int32_t* src = wloads.data() + (w * n_moe + l) * E;
-      for (int64_t j = 0; j < E; ++j) {
-        one[size_t(j)] = src[j];
-        s.loads[size_t(j)] += src[j];
-        batch[size_t(j)] += src[j];
-      }
-      s.slots += wslots[size_t(w * n_moe + l)];
-      const double mv = max_violation(one.data(), E);
-      s.seq_maxvio_mean += mv;
-      s.seq_maxvio_max = std::max(s.seq_maxvio_max, mv);
-      // A batch closes after per_batch windows (a trailing partial batch is left out).
-      if ((w + 1) % per_batch == 0) {
-        over1 += overflow_slots(batch.data(), E, 1.0);
-        over125 += overflow_slots(batch.data(), E, 1.25);
-        for (int64_t j = 0; j < E; ++j) batch_slots += batch[size_t(j)];
-        std::fill(batch.begin(), batch.end(), int64_t(0));
-      }
+    r.layers.push_back(layer_stats(wloads, wslots, n, n_moe, l, E, k, T, per_batch));
+    r.layers.back().layer = first_moe + l;
+    if (moving) {
+      r.moving.push_back(layer_stats(mloads, mslots, n, n_moe, l, E, k, T, per_batch));
+      r.moving.back().layer = first_moe + l;
     }
-    s.seq_maxvio_mean /= double(n);
-    s.maxvio = max_violation(s.loads.data(), E);
-    s.zero_experts = zero_count(s.loads.data(), E);
-    s.dropped = s.tokens * k - s.slots;
-    if (batch_slots > 0) {
-      s.overflow_cf1 = double(over1) / double(batch_slots);
-      s.overflow_cf125 = double(over125) / double(batch_slots);
-    }
-    r.layers.push_back(std::move(s));
   }
   r.random = random_routing_baseline(r.targets, T, r.batch_tokens, k, E);
   return r;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "model/k3_model.h"
+#include "train/moving_qb.h"
 
 namespace k3 {
 
@@ -51,6 +52,11 @@ struct RandomRoutingBaseline {
 
 struct HeldoutEval {
   int64_t seq_len = 0, windows = 0, batch_tokens = 0;
+  // With Moving QB requested: the same figures for the moving-QB selection of each window
+  // (train/moving_qb.h), recomputed from the scores the model's own forward produced. Exact
+  // for the first MoE layer; later layers keep the inputs the static routing gave them (the
+  // loss is the static routing's).
+  std::vector<LayerRoutingStats> moving;
   double loss = 0;  // mean cross-entropy per target (nats)
   double bpb = 0;   // bits per byte: total cross-entropy in bits / byte targets (ids < 256)
   int64_t targets = 0, bytes = 0;
@@ -75,7 +81,9 @@ RandomRoutingBaseline random_routing_baseline(int64_t total_tokens, int64_t seq_
 // that fits; else the first ceil(max_tokens / seq_len) windows. batch_tokens: the batch of
 // the overflow figure (rounded down to whole windows, at least one). Threads: num_threads().
 // k3::Error when the stream is shorter than one window.
+// moving (optional): also the Moving QB figures (HeldoutEval::moving).
 HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& heldout, int64_t seq_len,
-                             int64_t max_tokens = 0, int64_t batch_tokens = 4096);
+                             int64_t max_tokens = 0, int64_t batch_tokens = 4096,
+                             const MovingQBOptions* moving = nullptr);
 
 }  // namespace k3
