@@ -3,14 +3,17 @@
 # top-16, latent d/2, 4 layers) from the same seed and data with every balancer of
 # configs/study/ (QB exact, QB histogram, sign update, auxiliary loss at two coefficients,
 # none), in two variants (dense first layer / MoE first layer), evaluates each trained model
-# on the whole held-out set (`k3cpp eval`), and writes the plots and tables into
-# docs/balancing/ and the table block of docs/balancing.md.
+# on the whole held-out set (`k3cpp eval`, windows of the trained 256 tokens, and of 1024 for
+# the sequence-level figures, both with the Moving QB selection beside the static one), and
+# writes the plots and tables into docs/balancing/ and the table block of docs/balancing.md.
 #
 # usage: scripts/balancing_study.sh [OUT]     (OUT: run directory, default runs/balancing)
-# Environment: K3_BUILD_DIR (default build), STUDY_VARIANTS, STUDY_METHODS (space-separated
-# subsets), STUDY_FORCE=1 (retrain runs that are already complete). A run whose
-# <name>.eval.json exists is kept, so an interrupted study continues where it stopped.
-# About 40 minutes on 2 cores (12 runs of 48 steps of 4096 tokens plus evaluation).
+# Environment: K3_BUILD_DIR (default build), K3_NO_BUILD=1 (use the k3cpp already built there),
+# STUDY_VARIANTS, STUDY_METHODS (space-separated subsets), STUDY_FORCE=1 (redo everything).
+# Finished steps are kept (a trained run: its metrics.jsonl has the "end" record; an
+# evaluation: its JSON exists), so an interrupted study continues where it stopped.
+# About 45 minutes on 2 cores (12 runs of 48 steps of 4096 tokens, ~3 min each, plus ~1 min
+# of evaluation each).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/balancing}
@@ -20,32 +23,43 @@ METHODS=${STUDY_METHODS:-"qb-exact qb-hist sign aux-1e-2 aux-1e-1 none"}
 PY=python3
 [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
 
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$BUILD" -j"$(nproc)" --target k3cpp >/dev/null
+if [ "${K3_NO_BUILD:-0}" != 1 ]; then
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build "$BUILD" -j"$(nproc)" --target k3cpp >/dev/null
+fi
 K3="$BUILD/k3cpp"
+[ -x "$K3" ] || { echo "balancing_study: no $K3 (build it or unset K3_NO_BUILD)" >&2; exit 1; }
 mkdir -p "$OUT"
+[ "${STUDY_FORCE:-0}" = 1 ] && rm -rf "${OUT:?}"/*
 
 t0=$(date +%s)
+say() { echo "[$(($(date +%s) - t0))s] $*"; }
+# eval NAME SUFFIX SEQ_LEN: the held-out evaluation into OUT/NAME.SUFFIX.{json,txt}.
+evaluate() {
+  local json="$OUT/$1.$2.json"
+  [ -f "$json" ] && return 0
+  say "$1: held-out evaluation, windows of $3 tokens"
+  # k3cpp eval exits non-zero if any routed slot was dropped.
+  "$K3" eval "$OUT/$1/checkpoint" --seq-len "$3" --moving-qb --json "$json.tmp" > "$OUT/$1.$2.txt"
+  mv "$json.tmp" "$json"
+  sed -n '/^ *layer/,$p' "$OUT/$1.$2.txt" | sed 's/^/    /'
+}
+
 for v in $VARIANTS; do
   for m in $METHODS; do
     name="$v-$m"
     run="configs/study/$name.json"
     [ -f "$run" ] || { echo "balancing_study: no run file $run" >&2; exit 1; }
-    if [ -f "$OUT/$name.eval.json" ] && [ "${STUDY_FORCE:-0}" != 1 ]; then
-      echo "[$(($(date +%s) - t0))s] $name: complete, kept"
-      continue
+    if ! grep -qs '"type":"end"' "$OUT/$name/metrics.jsonl"; then
+      rm -rf "${OUT:?}/$name" "$OUT/$name".*
+      say "$name: training"
+      "$K3" train --config "$run" --out "$OUT/$name" --quiet > "$OUT/$name.train.txt"
     fi
-    rm -rf "${OUT:?}/$name" "$OUT/$name.eval.json"
-    echo "[$(($(date +%s) - t0))s] $name: training"
-    "$K3" train --config "$run" --out "$OUT/$name" --quiet > "$OUT/$name.train.txt"
-    echo "[$(($(date +%s) - t0))s] $name: held-out evaluation"
-    # k3cpp eval exits non-zero if any routed slot was dropped.
-    "$K3" eval "$OUT/$name/checkpoint" --json "$OUT/$name.eval.json.tmp" > "$OUT/$name.eval.txt"
-    mv "$OUT/$name.eval.json.tmp" "$OUT/$name.eval.json"
-    sed -n '/^ *layer/,$p' "$OUT/$name.eval.txt" | sed 's/^/    /'
+    evaluate "$name" eval 256
+    evaluate "$name" long 1024
   done
 done
-echo "[$(($(date +%s) - t0))s] plots and tables"
+say "plots and tables"
 "$PY" tools/balancing_plots.py --runs "$OUT" --out docs/balancing --doc docs/balancing.md \
   --variants $VARIANTS --methods $METHODS
 echo "balancing_study: done in $(($(date +%s) - t0)) s; runs in $OUT, plots in docs/balancing/"

@@ -4,7 +4,9 @@
 Reads, for every run <variant>-<method> of the study directory:
   RUNS/<variant>-<method>/metrics.jsonl   (k3cpp train: per-step MaxVio per MoE layer, loads at
                                            logged steps, eval records)
-  RUNS/<variant>-<method>.eval.json       (k3cpp eval --json: held-out loss, routing statistics)
+  RUNS/<variant>-<method>.eval.json       (k3cpp eval --moving-qb --json: held-out loss, routing
+                                           statistics, windows of the trained length)
+  RUNS/<variant>-<method>.long.json       (the same with windows of 1024 tokens; optional)
 and writes into OUT (Python standard library only, no plotting package):
   maxvio-<variant>.svg      per-batch MaxVio over steps, one panel per MoE layer, one line per
                             method, the random-routing noise floor dashed
@@ -12,7 +14,8 @@ and writes into OUT (Python standard library only, no plotting package):
                             the held-out set, first and last MoE layer, one strip per method
                             (pixels as an embedded PNG, labels as SVG text)
   loaddist-<variant>.svg    held-out load of every expert, sorted, per method and layer
-  results.md                the tables (also written between the study-table markers of --doc)
+  results.md                the tables (also written between the study-table markers of --doc),
+                            including the sequence-level table (static vs Moving QB selection)
   results.json              the same figures, machine-readable
 """
 import argparse
@@ -58,7 +61,59 @@ def load_run(runs, name):
                 start = r
     with open(os.path.join(runs, name + ".eval.json")) as f:
         ev = json.load(f)
-    return {"steps": steps, "evals": evals, "loads": loads, "start": start, "eval": ev}
+    long_path = os.path.join(runs, name + ".long.json")
+    lg = json.load(open(long_path)) if os.path.exists(long_path) else None
+    bias = router_biases(os.path.join(runs, name, "checkpoint"))
+    return {"steps": steps, "evals": evals, "loads": loads, "start": start, "eval": ev, "long": lg, "bias": bias}
+
+
+def router_biases(ckpt_dir):
+    """The e_score_correction_bias of every MoE layer from checkpoint/model.safetensors (f32 or
+    bf16; single-file checkpoints): {layer: [E floats]}. Empty when absent."""
+    path = os.path.join(ckpt_dir, "model.safetensors")
+    if not os.path.exists(path):
+        return {}
+    out = {}
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        base = 8 + n
+        for name, t in header.items():
+            if not name.endswith("block_sparse_moe.gate.e_score_correction_bias"):
+                continue
+            layer = int(name.split(".layers.")[1].split(".")[0])
+            a, b = t["data_offsets"]
+            f.seek(base + a)
+            raw = f.read(b - a)
+            if t["dtype"] == "F32":
+                out[layer] = list(struct.unpack("<%df" % (len(raw) // 4), raw))
+            elif t["dtype"] == "BF16":
+                out[layer] = [struct.unpack("<f", b"\x00\x00" + raw[i:i + 2])[0] for i in range(0, len(raw), 2)]
+    return out
+
+
+def spread(v):
+    m = sum(v) / len(v)
+    return math.sqrt(sum((x - m) ** 2 for x in v) / len(v)), max(v) - min(v)
+
+
+def seq_figures(ev):
+    """Static vs Moving QB figures of one evaluation: per MoE layer lists."""
+    if ev is None:
+        return None
+    mq = ev.get("moving_qb", {}).get("layers", [])
+    return {
+        "seq_len": ev["seq_len"], "loss": ev["loss"], "bpb": ev["bpb"],
+        "maxvio": [L["maxvio"] for L in ev["layers"]],
+        "seq_maxvio": [L["seq_maxvio_mean"] for L in ev["layers"]],
+        "overflow_cf125": [L["overflow_cf125"] for L in ev["layers"]],
+        "mqb_maxvio": [L["maxvio"] for L in mq],
+        "mqb_seq_maxvio": [L["seq_maxvio_mean"] for L in mq],
+        "mqb_overflow_cf125": [L["overflow_cf125"] for L in mq],
+        "mqb_lambda": ev.get("moving_qb", {}).get("lambda"), "mqb_chunk": ev.get("moving_qb", {}).get("chunk"),
+        "random_seq_maxvio": ev["random"]["seq_maxvio"], "random_maxvio": ev["random"]["maxvio"],
+        "random_overflow_cf125": ev["random"]["overflow_cf125"],
+    }
 
 
 def summarize(run, tail):
@@ -85,6 +140,9 @@ def summarize(run, tail):
         "steps": len(steps),
         "random": ev["random"],
         "targets": ev["targets"],
+        "seq": {"short": seq_figures(ev), "long": seq_figures(run["long"])},
+        "bias_std": [spread(run["bias"][l])[0] if l in run["bias"] else 0.0 for l in (L["layer"] for L in ev["layers"])],
+        "bias_range": [spread(run["bias"][l])[1] if l in run["bias"] else 0.0 for l in (L["layer"] for L in ev["layers"])],
     }
 
 
@@ -284,13 +342,60 @@ def tables(variants, methods, S):
             f3(rnd["maxvio"]), rnd["zero_experts"] * len(layers), f2(rnd["seq_maxvio"]), f2(rnd["batch_maxvio"]),
             100 * rnd["overflow_cf125"]))
         md.append("")
-        md.append("Per layer (held-out MaxVio / experts with no token / within-sequence MaxVio):\n")
+        md.append("Per layer (held-out MaxVio / experts with no token / within-sequence MaxVio / std of the final "
+                  "router bias):\n")
         md.append("| method | " + " | ".join("layer %d" % l for l in layers) + " |")
         md.append("|---|" + "---|" * len(layers))
         for m in present:
             s = S[(v, m)]
-            md.append("| %s | " % m + " | ".join("%s / %d / %s" % (f2(s["heldout_maxvio"][i]), s["zero_experts"][i],
-                                                                    f2(s["seq_maxvio"][i])) for i in range(len(layers))) + " |")
+            md.append("| %s | " % m + " | ".join("%s / %d / %s / %.3f" % (
+                f2(s["heldout_maxvio"][i]), s["zero_experts"][i], f2(s["seq_maxvio"][i]), s["bias_std"][i])
+                for i in range(len(layers))) + " |")
+        md.append("")
+    return "\n".join(md)
+
+
+def pair(a, b, pct=False):
+    """'static -> moving' for the first MoE layer, then the worst layer in brackets."""
+    if not a or not b:
+        return "-"
+    f = (lambda v: "%.1f%%" % (100 * v)) if pct else (lambda v: "%.2f" % v)
+    return "%s → %s (%s → %s)" % (f(a[0]), f(b[0]), f(max(a)), f(max(b)))
+
+
+def seq_table(variants, methods, S):
+    md = []
+    for v in variants:
+        present = [m for m in methods if (v, m) in S and S[(v, m)]["seq"]["short"] is not None]
+        if not present:
+            continue
+        sh0 = S[(v, present[0])]["seq"]["short"]
+        lg0 = S[(v, present[0])]["seq"]["long"]
+        md.append("#### %s: static selection → Moving QB selection (lambda %s, chunk %s)\n"
+                  % (v, sh0["mqb_lambda"], sh0["mqb_chunk"]))
+        head = ("| method | T=%d: within-sequence MaxVio | T=%d: held-out MaxVio | T=%d: overflow at cf 1.25 "
+                % (sh0["seq_len"], sh0["seq_len"], sh0["seq_len"]))
+        if lg0:
+            head += ("| T=%d: held-out loss | T=%d: within-sequence MaxVio | T=%d: held-out MaxVio | T=%d: overflow "
+                     "at cf 1.25 " % ((lg0["seq_len"],) * 4))
+        md.append(head + "|")
+        md.append("|---" * (4 + (4 if lg0 else 0)) + "|")
+        for m in present:
+            a, b = S[(v, m)]["seq"]["short"], S[(v, m)]["seq"]["long"]
+            row = "| %s | %s | %s | %s " % (m, pair(a["seq_maxvio"], a["mqb_seq_maxvio"]), pair(a["maxvio"], a["mqb_maxvio"]),
+                                           pair(a["overflow_cf125"], a["mqb_overflow_cf125"], True))
+            if lg0:
+                row += ("| %.4f | %s | %s | %s " % (b["loss"], pair(b["seq_maxvio"], b["mqb_seq_maxvio"]),
+                                                    pair(b["maxvio"], b["mqb_maxvio"]),
+                                                    pair(b["overflow_cf125"], b["mqb_overflow_cf125"], True))
+                        if b else "| - | - | - | - ")
+            md.append(row + "|")
+        row = "| random routing | %.2f | %.3f | %.1f%% " % (sh0["random_seq_maxvio"], sh0["random_maxvio"],
+                                                         100 * sh0["random_overflow_cf125"])
+        if lg0:
+            row += "| | %.2f | %.3f | %.1f%% " % (lg0["random_seq_maxvio"], lg0["random_maxvio"],
+                                                 100 * lg0["random_overflow_cf125"])
+        md.append(row + "|")
         md.append("")
     return "\n".join(md)
 
@@ -367,6 +472,10 @@ def main():
         written.append(p)
 
     md = tables(a.variants, a.methods, S)
+    sq = seq_table(a.variants, a.methods, S)
+    if sq:
+        md += ("\n**Sequence level.** Each cell: first MoE layer (where the Moving QB figures are exact), "
+               "then the worst layer in brackets.\n\n" + sq)
     open(os.path.join(a.out, "results.md"), "w").write(md + "\n")
     json.dump({"%s/%s" % k: s for k, s in S.items()}, open(os.path.join(a.out, "results.json"), "w"), indent=1)
     written += [os.path.join(a.out, "results.md"), os.path.join(a.out, "results.json")]

@@ -59,11 +59,11 @@ void Scratch::carve(const Geom& g) {
   float** f32d[] = {&KQe, &XQ, &dKQe, &dXQ};  // 2C x Dkp
   float** cc[] = {&Akk, &Aqk, &Linv, &Tm, &dT, &dAqk, &dLinv, &M1, &dL, &LT};
   float** cv[] = {&V, &R, &Vp, &dVp};
-  float** kv[] = {&S, &dS, &dSn};
+
   // bf16 operand buffers, in uint16 units: A up to 2C x max(Dkp, Dvp) (or its transpose), B up
   // to max(Dkp x Dvp, 2C x Dvp, Dkp x C, C x C) plus a pad pair-row.
   const int64_t HA = std::max({2 * CK, 2 * CV, CC, 32 * Kp}), HB = std::max({KV, 2 * CV, CK, CC}) + 2 * std::max(Kp, g.Dvp);
-  size_t nf = 14 * CK + 4 * 2 * CK + 10 * CC + 4 * CV + 3 * KV;
+  size_t nf = 14 * CK + 4 * 2 * CK + 10 * CC + 4 * CV;
   nf += 2 * CV + 2 * CV + TBn + 2 * C * C;  // P, G2, TB, dAA
   nf += 36 * Kp + 3 * Kp + 32 * C + Kp + 2 * C + 64;  // Asc, f, El, dEl, Ct, vec, beta, dbeta, slack
   const size_t nh = HA + 2 * HB + (CK + 2 * Kp) + (2 * CK + 2 * Kp);
@@ -82,7 +82,6 @@ void Scratch::carve(const Geom& g) {
   for (auto pp : f32d) *pp = tf(2 * CK);
   for (auto pp : cc) *pp = tf(CC);
   for (auto pp : cv) *pp = tf(CV);
-  for (auto pp : kv) *pp = tf(KV);
   P = tf(2 * CV), G2 = tf(2 * CV), TB = tf(TBn), dAA = tf(2 * C * C);
   tmp = tf(4 * Kp), Asc = tf(32 * Kp), f = tf(Kp), El = tf(Kp), dEl = tf(Kp), Ct = tf(32 * C), vec = tf(Kp), beta = tf(C),
   dbeta = tf(C);
@@ -470,7 +469,7 @@ KDAWorkspace& KDAWorkspace::operator=(KDAWorkspace&&) noexcept = default;
 bool KDAWorkspace::has_saved() const { return impl_->saved; }
 size_t KDAWorkspace::bytes() const {
   size_t n = impl_->states.bytes() + impl_->rv.bytes() + impl_->aa.bytes();
-  for (auto& t : impl_->threads) n += t.mem.bytes();
+  for (auto& t : impl_->threads) n += t.mem.bytes() + t.heads.bytes();
   return n;
 }
 void KDAWorkspace::release() { impl_ = std::make_unique<Impl>(); }

@@ -71,14 +71,15 @@ struct Scratch {
   float *YT, *Asc, *f, *Ct, *vec, *tmp;  // Y^T: Dkp x C; 32 x Dkp; f: Dkp; tiles 32 x C; rows
   // chunk matrices
   float *Akk, *Aqk, *Linv, *Tm;  // C x C
-  float *P, *R, *Vp, *S;         // P: 2C x Dvp ([K E S ; Q E S]); R, V': C x Dvp; S: Dkp x Dvp
+  float *P, *R, *Vp;             // P: 2C x Dvp ([K E S ; Q E S]); R, V': C x Dvp
   // backward
-  float *G2, *dVp, *dS, *dSn, *TB;  // [-dR ; dO]: 2C x Dvp; dV': C x Dvp; dS: Dkp x Dvp; TB: transposes
+  float *G2, *dVp, *TB;             // [-dR ; dO]: 2C x Dvp; dV': C x Dvp; TB: transposes
   float *dT, *dAqk, *dLinv, *M1, *dL, *LT, *dAA;  // C x C (dAA: NB blocks of 32 x C)
   float *dKQe, *dKd, *dXQ, *dY, *dG, *dEl, *dbeta;  // 2C x Dkp, C x Dkp, 2C x Dkp, C x Dkp, C x Dkp, Dkp, C
   // bf16 operands
   uint16_t *ha, *hb1, *hb2, *hY, *hXQ;
   AlignedBuf mem;
+  AlignedBuf heads;  // per-head states (forward) or state gradients (backward) of the group
   void carve(const Geom& g);
 };
 
@@ -174,12 +175,19 @@ inline BOp b_sub(const BOp& b, int64_t k0, int64_t n0) {
 void mm(float* C, int64_t ldc, const AOp& a, const BOp& b, int64_t M, int64_t N, int64_t K, float alpha,
         bool accumulate, Tri tri = Tri::None, const float* colscale = nullptr);
 
-// Forward over all chunks of head h; o may be null (state pass only); state_in (initial,
-// null = zero) and state_out (final, may be null) are [H, Dk, Dv] and may alias; save: store
-// the per-chunk state, R, V' into ws.
-void forward_head(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* o, const float* state_in,
-                  float* state_out, const float* q, const float* k, const float* v, const float* g,
-                  const float* beta, int64_t h, bool save);
+// Heads of thread t of nt: [h0, h1).
+inline void head_range(int64_t H, int t, int nt, int64_t* h0, int64_t* h1) {
+  *h0 = H * t / nt;
+  *h1 = H * (t + 1) / nt;
+}
+// Forward over all chunks of heads [h0, h1), chunk-major: chunk c of every head of the group
+// before chunk c + 1 (the heads of a token share its memory pages and cache lines, so the
+// strided per-head rows are fetched once per group, not once per head). o may be null (state
+// pass only); state_in (initial, null = zero) and state_out (final, may be null) are
+// [H, Dk, Dv] and may alias; save: store the per-chunk quantities into ws.
+void forward_heads(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* o, const float* state_in,
+                   float* state_out, const float* q, const float* k, const float* v, const float* g,
+                   const float* beta, int64_t h0, int64_t h1, bool save);
 // A sub-operand starting at row i0 of A (non-transposed).
 inline AOp a_rows(const AOp& a, int64_t i0) {
   AOp r = a;

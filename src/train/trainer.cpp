@@ -124,7 +124,7 @@ struct Trainer::Impl {
   void eval_and_log(bool stage_end);
   EvalResult evaluate(int64_t T, int64_t max_tokens);
   void save();
-  void stage_message();
+  void stage_message(bool record);
   TrainResult result() const;
   std::vector<double> step_maxvio() const;
 };
@@ -356,8 +356,10 @@ void Trainer::Impl::train_step() {
 }
 
 EvalResult Trainer::Impl::evaluate(int64_t T, int64_t max_tokens) {
-  const int64_t avail = (int64_t(data.heldout.size()) - 1) / T;
-  K3_ASSERT(avail >= 1, "held-out stream shorter than one window");
+  const int64_t avail = T > 0 ? (int64_t(data.heldout.size()) - 1) / T : 0;
+  if (avail < 1)
+    fail("evaluate: the held-out stream (" + std::to_string(data.heldout.size()) + " tokens) holds no window of " +
+         std::to_string(T) + " + 1 tokens");
   const int64_t n = max_tokens > 0 ? std::min(avail, (max_tokens + T - 1) / T) : avail;
   while (int64_t(eval_scratch.size()) < P) eval_scratch.push_back(std::make_unique<EvalScratch>());
   const int64_t V = model->dims().V;
@@ -422,7 +424,9 @@ void Trainer::Impl::eval_and_log(bool stage_end) {
                    fmt("%.2f", mvmax) + " [" + fmt("%.1f", secs) + " s]");
 }
 
-void Trainer::Impl::stage_message() {
+// A stage begins: the log line, and (record) the metrics record. A run resumed exactly at a
+// stage boundary already has the record (written before that checkpoint).
+void Trainer::Impl::stage_message(bool record) {
   const StageConfig& sc = run.stages[size_t(st.stage)];
   const int64_t n = steps_of[size_t(st.stage)];
   progress.message("stage " + std::to_string(st.stage + 1) + "/" + std::to_string(run.stages.size()) + " '" + sc.name +
@@ -430,7 +434,8 @@ void Trainer::Impl::stage_message() {
                    std::to_string(n * run.batch_tokens) + " tokens), lr " + fmt("%.2e", sc.lr_peak) + " -> " +
                    fmt("%.2e", sc.lr_end) + " (warmup " + std::to_string(sc.warmup_steps) + ", decay " +
                    std::to_string(std::llround(sc.decay_frac * double(n))) + " steps)");
-  metrics.write({{"type", "stage"}, {"step", st.step}, {"stage", st.stage}, {"name", sc.name}, {"seq_len", sc.seq_len},
+  if (record)
+    metrics.write({{"type", "stage"}, {"step", st.step}, {"stage", st.stage}, {"name", sc.name}, {"seq_len", sc.seq_len},
                  {"steps", n}, {"lr_peak", sc.lr_peak}, {"lr_end", sc.lr_end}});
 }
 
@@ -446,7 +451,7 @@ void Trainer::Impl::end_stage() {
   st.stage++, st.stage_step = 0;
   if (st.stage < int64_t(run.stages.size())) {
     stream->set_seq_len(run.stages[size_t(st.stage)].seq_len);
-    stage_message();
+    stage_message(true);
   }
 }
 
@@ -514,7 +519,7 @@ TrainResult Trainer::run() {
       m.progress.message("resumed " + m.ckpt_dir + " at step " + std::to_string(m.st.step) + " (stage " +
                          std::to_string(m.st.stage + 1) + ", step " + std::to_string(m.st.stage_step) + " of it)");
     }
-    if (m.st.stage_step == 0) m.stage_message();
+    if (m.st.stage_step == 0) m.stage_message(!m.opt.resume);
   } else {
     m.progress.message("the run in " + m.ckpt_dir + " is already complete");
   }

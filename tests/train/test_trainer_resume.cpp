@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <cstring>
 #include <map>
+#include <sstream>
 
 #include "core/error.h"
 #include "model/checkpoint.h"
@@ -117,6 +118,21 @@ TEST(TrainerResume, StraightEqualsStoppedAndResumedBitwise) {
     EXPECT_EQ(lb[i].first, int64_t(i + 1));
     EXPECT_EQ(la[i].second, lb[i].second) << "step " << i + 1;
   }
+  // The step, eval and stage records are the same sequence (nothing logged twice), with the
+  // same held-out results.
+  auto events = [&](const std::string& path) {
+    std::vector<std::string> ev;
+    std::istringstream in(read_text(path));
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);
+      const std::string type = j["type"];
+      if (type == "eval") ev.push_back("eval " + j["step"].dump() + " " + j["bpb"].dump() + " " + j["maxvio"].dump());
+      if (type == "stage" || type == "step") ev.push_back(type + " " + j["step"].dump());
+    }
+    return ev;
+  };
+  EXPECT_EQ(events(t.sub("a/metrics.jsonl")), events(t.sub("b/metrics.jsonl")));
   // Stage summaries (held-out evaluation at each stage end) agree too.
   ASSERT_EQ(a.stages.size(), 2u);
   for (size_t s = 0; s < 2; ++s) {
