@@ -2,7 +2,8 @@
 // kernels/gemm.h, which sends float products with M <= kGemvMaxRows here): the decode step's
 // projections (M = 1) and short prefills.
 //  - Bandwidth: B is streamed once per block of up to 8 rows of A, with no packing (BLAS sgemm
-//    packs all of B first, several times slower at M = 1).
+//    packs all of B first, several times slower at M = 1); at M = 1 each row of B^T is
+//    prefetched 1 KB ahead.
 //  - Batch invariance: every element of C is summed in one fixed order that does not depend on
 //    M, on the row blocking or on the thread count, so a row computed alone equals the same row
 //    computed with others (a short prefill followed by decode steps reproduces one forward over

@@ -8,8 +8,9 @@
 // 16 nibbles widen to 16 dwords, vpermps looks them up in the 16-entry E2M1 table scaled by
 // the group's 2^(s-127) (exact: a power of two), and x is split once into the even and odd
 // elements of each 32-group so the low and high nibbles meet their inputs without shuffles.
-// Rows of x go in blocks of up to 4 against 4 weight rows at a time. Meant for few rows; for
-// many rows dequantise once (mxfp4_dequantize) and use gemm.
+// Rows of x go in blocks of up to 4 against 4 weight rows at a time, and the weight rows 16
+// ahead are prefetched (an expert matrix is too short for the hardware prefetcher to ramp
+// up). Meant for few rows; for many rows dequantise once (mxfp4_dequantize) and use a gemm.
 // Reference: the row decoded by mxfp4_decode_row (core/dtype.h), dot products in double.
 //
 // mxfp4_dequantize: dst [rows, cols] f32, bit-identical to mxfp4_decode_row per row
