@@ -28,7 +28,7 @@ import sys
 import zlib
 
 METHOD_COLORS = {
-    "qb-exact": "#d62728", "qb-hist": "#ff7f0e", "qb-moving": "#8c564b", "sign": "#1f77b4",
+    "qb-exact": "#d62728", "qb-hist": "#ff7f0e", "sign": "#1f77b4", "sign-1e-2": "#393b79",
     "aux-1e-2": "#2ca02c", "aux-1e-1": "#17becf", "aux-1": "#9467bd", "none": "#7f7f7f",
 }
 FALLBACK = ["#e377c2", "#bcbd22", "#393b79", "#637939", "#8c6d31"]
@@ -151,8 +151,9 @@ def summarize(run, tail):
 def nice_log_ticks(lo, hi):
     ticks = []
     e = math.floor(math.log10(lo))
+    mantissas = (1, 2, 5) if math.log10(hi / lo) <= 2.5 else (1,)  # wide ranges: decades only
     while 10 ** e <= hi * 1.0001:
-        for m in (1, 2, 5):
+        for m in mantissas:
             v = m * 10 ** e
             if lo * 0.9999 <= v <= hi * 1.0001:
                 ticks.append(v)
@@ -223,7 +224,7 @@ def line_panels(title, panels, series_names, colors, xlabel, ylabel, floor=None,
             out.append('<text x="%.1f" y="%.1f" text-anchor="middle">%d</text>' % (X(xv), y0 + h + 14, round(xv)))
         out.append('<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>' % (x0 + w / 2, y0 + h + 28, esc(xlabel)))
         out.append('<text x="%.1f" y="%.1f" text-anchor="middle" transform="rotate(-90 %.1f %.1f)">%s</text>'
-                   % (x0 - 36, y0 + h / 2, x0 - 36, y0 + h / 2, esc(ylabel)))
+                   % (x0 - 42, y0 + h / 2, x0 - 42, y0 + h / 2, esc(ylabel)))
         if floor is not None:
             out.append('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black" stroke-dasharray="4,3"/>'
                        % (x0, Y(floor), x0 + w, Y(floor)))
@@ -328,17 +329,17 @@ def tables(variants, methods, S):
         rnd = any_s["random"]
         layers = any_s["layers"]
         md.append("#### %s (MoE layers %s)\n" % (v, ", ".join(str(l) for l in layers)))
-        md.append("| method | held-out loss | bits/byte | held-out MaxVio (worst layer) | experts with no token "
-                  "(all layers) | within-sequence MaxVio (worst layer) | batch MaxVio, last 8 steps (worst layer) "
-                  "| peak batch MaxVio | overflow at cf 1.25 (worst layer) | dropped | train s |")
-        md.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        md.append("| method | held-out loss | bits/byte | train loss, last 8 steps | held-out MaxVio (worst layer) "
+                  "| experts with no token (all layers) | within-sequence MaxVio (worst layer) | batch MaxVio, last 8 "
+                  "steps (worst layer) | peak batch MaxVio | overflow at cf 1.25 (worst layer) | dropped | train s |")
+        md.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for m in present:
             s = S[(v, m)]
-            md.append("| %s | %.4f | %.4f | %s | %d | %s | %s | %s | %.1f%% | %d | %.0f |" % (
-                m, s["loss"], s["bpb"], f2(max(s["heldout_maxvio"])), sum(s["zero_experts"]),
+            md.append("| %s | %.4f | %.4f | %.4f | %s | %d | %s | %s | %s | %.1f%% | %d | %.0f |" % (
+                m, s["loss"], s["bpb"], s["train_loss_tail"], f2(max(s["heldout_maxvio"])), sum(s["zero_experts"]),
                 f2(max(s["seq_maxvio"])), f2(max(s["batch_maxvio_tail"])), f2(max(s["batch_maxvio_peak"])),
                 100 * max(s["overflow_cf125"]), s["dropped"], s["train_seconds"]))
-        md.append("| random routing | | | %s | %.1f | %s | %s | | %.1f%% | | |" % (
+        md.append("| random routing | | | | %s | %.1f | %s | %s | | %.1f%% | | |" % (
             f3(rnd["maxvio"]), rnd["zero_experts"] * len(layers), f2(rnd["seq_maxvio"]), f2(rnd["batch_maxvio"]),
             100 * rnd["overflow_cf125"]))
         md.append("")
@@ -406,7 +407,7 @@ def main():
     ap.add_argument("--out", required=True, help="output directory of the plots and tables")
     ap.add_argument("--variants", nargs="+", default=["dense-first", "moe-first"])
     ap.add_argument("--methods", nargs="+",
-                    default=["qb-exact", "qb-hist", "qb-moving", "sign", "aux-1e-2", "aux-1e-1", "none"])
+                    default=["qb-exact", "qb-hist", "sign", "aux-1e-2", "aux-1e-1", "none", "sign-1e-2", "aux-1"])
     ap.add_argument("--tail", type=int, default=8, help="steps averaged for the final batch MaxVio")
     ap.add_argument("--doc", help="markdown file whose <!-- study-table:begin/end --> block is replaced")
     a = ap.parse_args()
