@@ -242,23 +242,27 @@ void backward_heads(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* d
                     const float* k, const float* g, const float* beta, int64_t h0, int64_t h1) {
   const int64_t KV = gm.Dkp * gm.Dvp, Dk = gm.Dk, Dv = gm.Dv, Vp = gm.Dvp, nh = h1 - h0;
   s.heads.reserve(size_t(2 * nh * KV) * 4);
-  std::vector<float*> cur(nh), nxt(nh);
+  // Head j's two state-gradient buffers are base + 2 j KV and the next KV floats; every head
+  // swaps them once per chunk, so one parity says which is current (no per-call allocation).
+  float* base = s.heads.as<float>();
+  bool flip = false;
+  auto cur = [&](int64_t j) { return base + 2 * j * KV + (flip ? KV : 0); };
+  auto nxt = [&](int64_t j) { return base + 2 * j * KV + (flip ? 0 : KV); };
   for (int64_t j = 0; j < nh; ++j) {
-    cur[j] = s.heads.as<float>() + 2 * j * KV, nxt[j] = cur[j] + KV;
-    std::memset(cur[j], 0, size_t(KV) * 4);
+    std::memset(cur(j), 0, size_t(KV) * 4);
     if (dstate_final)
       for (int64_t d = 0; d < Dk; ++d)
-        std::memcpy(cur[j] + d * Vp, dstate_final + ((h0 + j) * Dk + d) * Dv, size_t(Dv) * 4);
+        std::memcpy(cur(j) + d * Vp, dstate_final + ((h0 + j) * Dk + d) * Dv, size_t(Dv) * 4);
   }
-  for (int64_t c = gm.NT - 1; c >= 0; --c)
-    for (int64_t j = 0; j < nh; ++j) {
-      backward_chunk(gm, s, ws, dq, dk, dv, dg, dbeta, do_, q, k, g, beta, h0 + j, c, cur[j], nxt[j]);
-      std::swap(cur[j], nxt[j]);
-    }
+  for (int64_t c = gm.NT - 1; c >= 0; --c) {
+    for (int64_t j = 0; j < nh; ++j)
+      backward_chunk(gm, s, ws, dq, dk, dv, dg, dbeta, do_, q, k, g, beta, h0 + j, c, cur(j), nxt(j));
+    flip = !flip;
+  }
   if (dstate0)
     for (int64_t j = 0; j < nh; ++j)
       for (int64_t d = 0; d < Dk; ++d)
-        std::memcpy(dstate0 + ((h0 + j) * Dk + d) * Dv, cur[j] + d * Vp, size_t(Dv) * 4);
+        std::memcpy(dstate0 + ((h0 + j) * Dk + d) * Dv, cur(j) + d * Vp, size_t(Dv) * 4);
 }
 
 }  // namespace

@@ -302,7 +302,10 @@ TEST(ModelGrad, FloatEngineMatchesDoubleWiring) {
       }
       const double e = test::rel_rms(f.data(), gd.data() + off, n);
       if (e > worst) worst = e, worst_name = sp.name;
-      EXPECT_LT(e, 1e-4) << sp.name;
+      // A wiring bug gives O(1) errors; float rounding gives ~1e-5 here, up to 1.6e-4 on
+      // seed 1's layer-0 mlp_res_proj since the float forward's few-row products and SIMD
+      // SiTU sum in other orders than BLAS (measured). The double FD test is the strict one.
+      EXPECT_LT(e, 5e-4) << sp.name << " (gradient RMS " << std::sqrt(nb / double(n)) << ")";
     }
     std::printf("[ float vs double ] seed %u: worst rel RMS %.3g (%s)\n", seed, worst, worst_name.c_str());
   }
