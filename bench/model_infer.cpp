@@ -226,7 +226,13 @@ double rate(const std::string& name, double units) {
   return it == g_res.end() ? NAN : units / t_of(it->second);
 }
 const std::string kSgemm = "machine/sgemm_openblas/2048", kMemRead = "machine/mem_read";
-double mem_bandwidth() { return rate(kMemRead, counter(kMemRead, "bytes")); }
+// The decode bound takes the fastest streaming-read pass (wall time) of the run: this VM's
+// bandwidth moves by up to 2x with where the host places its two virtual CPUs, and the
+// bound should be the machine's capability (in CPU-time mode: the same, per CPU second).
+double mem_bandwidth() {
+  const double best = counter(kMemRead, "best_B/s"), mean = rate(kMemRead, counter(kMemRead, "bytes"));
+  return g_cpu_time || std::isnan(best) ? mean : std::max(best, mean);
+}
 double sgemm_peak() { return rate(kSgemm, counter(kSgemm, "flop")); }
 
 // Matrix FLOPs of a T-token prefill (planner.h): 2 x active matrix parameters per token plus
@@ -327,8 +333,9 @@ void summary() {
               long(cfg.num_experts), long(cfg.num_experts_per_token), long(cfg.routed_expert_hidden_size),
               num_threads(), g_cpu_time ? "thread CPU" : "wall", bench::load_average().c_str());
   const char* core = std::getenv("OPENBLAS_CORETYPE");
-  std::printf("machine: streaming read %.2f GB/s; OpenBLAS sgemm 2048 %.1f GFLOP/s (OpenBLAS kernel: %s)\n", bw / 1e9,
-              sgemm / 1e9, core ? core : "default");
+  std::printf("machine: streaming read %.2f GB/s (mean of the passes %.2f GB/s); OpenBLAS sgemm 2048 %.1f GFLOP/s"
+              " (OpenBLAS kernel: %s)\n",
+              bw / 1e9, rate(kMemRead, counter(kMemRead, "bytes")) / 1e9, sgemm / 1e9, core ? core : "default");
   if (g_res.count(dn)) {
     const double tok_s = counter(dn, "tok/s"), p50 = counter(dn, "p50_ms"), bound = bw / g_decode_bytes;
     std::printf("decode (after a %ld-token prompt, %ld steps): %.2f tok/s = %.2f ms/token mean; median step %.2f ms"
