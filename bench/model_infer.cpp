@@ -9,7 +9,8 @@
 //   infer/prefill/T     Session::prefill of T tokens (default 2048) from an empty state.
 // Counters of the model runs (and the summary printed at the end) are the targets of project
 // issue 3:
-//   decode:  tok/s against bound_tok/s = bandwidth / bytes one decode token touches: every
+//   decode:  tok/s against bound_tok/s = bandwidth (the fastest streaming-read pass of the run:
+//            this VM's bandwidth moves with the host) / bytes one decode token touches: every
 //            dense weight in its in-memory dtype (f32 after loading; the embedding one row),
 //            the top-k experts' MXFP4 bytes per MoE layer, and the decode caches read (KDA
 //            recurrent + conv state, the MLA latent cache at the benchmark's context);
