@@ -7,6 +7,8 @@
 //  - bad invocations (no --config, a missing run file, a bad --steps, a new run into an
 //    output directory that holds a checkpoint) fail with a non-zero exit and the culprit named.
 #include <gtest/gtest.h>
+
+#include "common/cli_run.h"
 #include <stdlib.h>
 #include <sys/wait.h>
 
@@ -21,49 +23,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct RunResult {
-  int rc = -1;
-  std::string out, err;
+using k3::test::RunResult;
+using k3::test::slurp;
+struct TempDir : k3::test::TempDir {
+  TempDir() : k3::test::TempDir("k3_cli_train") {}
 };
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3_cli_train_XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string sub(const std::string& n) const { return path + "/" + n; }
-};
-
-std::string q(const std::string& s) { return "'" + s + "'"; }
-
-RunResult k3cpp(const std::string& args) {
-  TempDir t;
-  const std::string err_file = t.sub("stderr");
-  const std::string cmd = q(K3_CLI_PATH) + " " + args + " 2>" + q(err_file);
-  RunResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) {
-    ADD_FAILURE() << "popen failed: " << cmd;
-    return r;
-  }
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = slurp(err_file);
-  return r;
-}
+std::string q(const std::string& s) { return k3::test::shell_quote(s); }
+RunResult k3cpp(const std::string& args) { return k3::test::run_k3cpp(args); }
 
 bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 std::string tiny_run() { return q(std::string(K3_SOURCE_DIR) + "/configs/train-tiny.json"); }
