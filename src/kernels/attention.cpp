@@ -1,5 +1,6 @@
 // Causal softmax attention: plain reference and the blocked gemm path (see attention.h).
 #include "kernels/attention.h"
+#include "kernels/attention_tile.h"
 
 #include <omp.h>
 
@@ -96,11 +97,7 @@ void attention_forward(float* o, const float* q, const float* k, const float* kr
       for (int64_t hh = 0; hh < group; ++hh)
         std::memcpy(Qb + (ti * group + hh) * Dq, q + (t0 + ti) * d.q_tok + (g * group + hh) * d.q_head,
                     sizeof(float) * size_t(Dq));
-    if (d.Dk > 0)
-      gemm(false, true, rows, nk, d.Dk, float(d.scale), Qb, Dq, k + g * d.k_head, d.k_tok, 0.f, S, nk);
-    else
-      std::fill(S, S + rows * nk, 0.f);
-    if (d.Dr > 0) gemm(false, true, rows, nk, d.Dr, float(d.scale), Qb + d.Dk, Dq, kr, d.kr_tok, 1.f, S, nk);
+    attention_tile_scores(S, Qb, Dq, k, kr, d, g, rows, nk);
     for (int64_t r = 0; r < rows; ++r) {
       float* sr = S + r * nk;
       const int64_t valid = d.P + t0 + r / group + 1;

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "kernels/attention.h"
+#include "kernels/attention_tile.h"
 #include "kernels/gemm.h"
 
 namespace k3 {
@@ -156,11 +157,7 @@ void attention_backward(float* dq, float* dk, float* dkr, float* dv, const float
           Lrow[r] = lse[t * d.H + h];
         }
       // Forward: S = scale (Q K^T + Q_r Kr^T); P = exp(S - lse), causal mask.
-      if (d.Dk > 0)
-        gemm(false, true, rows, nk, d.Dk, float(d.scale), Qb, Dq, k + g * d.k_head, d.k_tok, 0.f, Pm, nk);
-      else
-        std::fill(Pm, Pm + rows * nk, 0.f);
-      if (d.Dr > 0) gemm(false, true, rows, nk, d.Dr, float(d.scale), Qb + d.Dk, Dq, kr, d.kr_tok, 1.f, Pm, nk);
+      attention_tile_scores(Pm, Qb, Dq, k, kr, d, g, rows, nk);
       for (int64_t r = 0; r < rows; ++r) {
         float* pr = Pm + r * nk;
         const int64_t valid = d.P + t0 + r / group + 1;

@@ -106,27 +106,13 @@ std::string content_hash_i32(const std::vector<int32_t>& a, const std::vector<in
 }
 
 std::string run_fingerprint(const RunConfig& r) {
-  json j;
-  j["heldout_every"] = r.heldout_every;
-  j["batch_tokens"] = r.batch_tokens;
-  j["micro_batch_tokens"] = r.micro_batch_tokens;
-  j["optimizer"] = r.optimizer;
-  j["weight_decay"] = r.weight_decay;
-  j["beta1"] = r.beta1;
-  j["beta2"] = r.beta2;
-  j["grad_clip"] = r.grad_clip;
-  j["muon_momentum"] = r.muon_momentum;
-  j["router_lr_scale"] = r.router_lr_scale;
-  j["balancer"] = r.balancer;
-  j["qb_bins"] = r.qb_bins;
-  j["sign_u"] = r.sign_u;
-  j["aux_alpha"] = r.aux_alpha;
-  j["seed"] = r.seed;
-  j["init_seed"] = r.init_seed;
-  j["stages"] = json::array();
-  for (auto& s : r.stages)
-    j["stages"].push_back({{"name", s.name}, {"seq_len", s.seq_len}, {"tokens", s.tokens}, {"lr_peak", s.lr_peak},
-                           {"lr_end", s.lr_end}, {"warmup_steps", s.warmup_steps}, {"decay_frac", s.decay_frac}});
+  // The run file's training-relevant fields: everything run_config_to_json writes except
+  // paths, evaluation, checkpoint, logging, thread and sampling settings, which a resumed
+  // run may change without changing what it trains.
+  json j = json::parse(run_config_to_json(r));
+  for (const char* k : {"model", "data", "eval_every", "eval_tokens", "checkpoint_every", "log_every", "threads",
+                        "samples", "sample_tokens", "sample_temperature"})
+    j.erase(k);
   return j.dump();
 }
 
