@@ -49,6 +49,7 @@
 
 #include "core/threads.h"
 #include "infer/session.h"
+#include "bench_results.h"
 #include "machine_peak.h"
 #include "model/checkpoint.h"
 #include "model/init.h"
@@ -193,39 +194,8 @@ double cache_bytes(const DecodeState& st) {
 // ---------------------------------------------------------------------------------------
 // results (filled as each benchmark finishes, so later ones can read earlier ones)
 
-struct Result {
-  double real_s, cpu_s;  // per iteration
-  std::map<std::string, double> c;
-};
-double t_of(const Result& r) { return g_cpu_time ? r.cpu_s : r.real_s; }
-std::map<std::string, Result> g_res;
-
-class Capture : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const auto& r : runs) {
-      if (r.error_occurred || r.iterations == 0 || r.run_type != Run::RT_Iteration) continue;
-      Result x{r.real_accumulated_time / double(r.iterations), r.cpu_accumulated_time / double(r.iterations), {}};
-      for (const auto& [k, v] : r.counters) x.c[k] = v.value;
-      std::string name = r.benchmark_name();
-      if (const auto at = name.find("/real_time"); at != std::string::npos) name.erase(at);
-      if (const auto at = name.find("/iterations:"); at != std::string::npos) name.erase(at);
-      auto it = g_res.find(name);  // with --benchmark_repetitions: keep the best run
-      if (it == g_res.end() || t_of(x) < t_of(it->second)) g_res[name] = x;
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-};
-
-double counter(const std::string& name, const char* c) {
-  auto it = g_res.find(name);
-  return it == g_res.end() || !it->second.c.count(c) ? NAN : it->second.c.at(c);
-}
-// Work per iteration over the iteration's time on the chosen clock.
-double rate(const std::string& name, double units) {
-  auto it = g_res.find(name);
-  return it == g_res.end() ? NAN : units / t_of(it->second);
-}
+using bench::counter;
+using bench::rate;
 const std::string kSgemm = "machine/sgemm_openblas/2048", kMemRead = "machine/mem_read";
 // The decode bound takes the fastest streaming-read pass (wall time) of the run: this VM's
 // bandwidth moves by up to 2x with where the host places its two virtual CPUs, and the
@@ -322,7 +292,7 @@ void BM_Prefill(benchmark::State& st) {
 // summary
 
 void summary() {
-  if (g_res.empty()) return;
+  if (bench::results().empty()) return;
   const K3Model& m = model();
   const K3Config& cfg = m.config();
   const Footprint f = footprint(m);
@@ -337,7 +307,7 @@ void summary() {
   std::printf("machine: streaming read %.2f GB/s (mean of the passes %.2f GB/s); OpenBLAS sgemm 2048 %.1f GFLOP/s"
               " (OpenBLAS kernel: %s)\n",
               bw / 1e9, rate(kMemRead, counter(kMemRead, "bytes")) / 1e9, sgemm / 1e9, core ? core : "default");
-  if (g_res.count(dn)) {
+  if (bench::results().count(dn)) {
     const double tok_s = counter(dn, "tok/s"), p50 = counter(dn, "p50_ms"), bound = bw / g_decode_bytes;
     std::printf("decode (after a %ld-token prompt, %ld steps): %.2f tok/s = %.2f ms/token mean; median step %.2f ms"
                 " = %.2f tok/s, fastest %.2f ms\n",
@@ -349,7 +319,7 @@ void summary() {
                 " the median step; effective %.2f GB/s (mean)\n",
                 bound, 100 * tok_s / bound, 100 * 1e3 / p50 / bound, tok_s * g_decode_bytes / 1e9);
   }
-  if (g_res.count(pn)) {
+  if (bench::results().count(pn)) {
     const double tok_s = counter(pn, "tok/s"), mat = prefill_matrix_flops(cfg, g_prefill_T);
     std::printf("prefill T=%ld: %.1f tok/s = %.3f s; matrix work %.1f GFLOP (2 x active matrix params per token +"
                 " MLA attention) -> %.1f GFLOP/s = %.1f%% of the sgemm peak (target >= 40%%)\n",
@@ -357,7 +327,7 @@ void summary() {
                 100 * counter(pn, "mat_GFLOP/s") * 1e9 / sgemm);
   }
   for (const std::string& name : {dn, pn}) {
-    if (!g_res.count(name)) continue;
+    if (!bench::results().count(name)) continue;
     const double cache = name == dn ? g_decode_cache : g_prefill_cache;
     std::printf("memory after %s: peak RSS %.1f MB (%s); weights as held %.1f MB (f32 buffer %.1f MB + MXFP4 experts"
                 " %.1f MB) + caches %.2f MB = %.1f MB; peak / (weights + caches) = %.2f; resident now: anonymous"
@@ -393,7 +363,7 @@ int main(int argc, char** argv) {
     else if (const char* v = val("--decode_steps=")) g_steps = std::stoll(v);
     else if (const char* v = val("--prefill_T=")) g_prefill_T = std::stoll(v);
     else if (const char* v = val("--threads=")) g_threads = std::stoi(v);
-    else if (a == "--time=cpu") g_cpu_time = true;
+    else if (a == "--time=cpu") g_cpu_time = bench::use_cpu_time() = true;
     else argv[w++] = argv[i];
   }
   argc = w;
@@ -402,7 +372,7 @@ int main(int argc, char** argv) {
   register_all();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  Capture rep;
+  bench::Capture rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
   summary();
   benchmark::Shutdown();

@@ -10,6 +10,7 @@
 #include "kernels/activations.h"
 #include "kernels/gemm.h"
 #include "kernels/moe.h"
+#include "kernels/situ_simd.h"
 
 namespace k3 {
 
@@ -52,7 +53,6 @@ void moe_experts_backward(float* dz, float* dtopk_w, const ExpertGrad* grads, co
   if (scratch.work.size() < size_t(per_thread * nthreads)) scratch.work.resize(size_t(per_thread * nthreads));
   if (scratch.slots.size() < size_t(Tn * k * n_in)) scratch.slots.resize(size_t(Tn * k * n_in));
   float* dslots = scratch.slots.data();  // [T * k, n_in]: dz contribution of each (token, slot)
-  const float fb1 = float(b1), fb2 = float(b2);
 
 #pragma omp parallel for schedule(dynamic, 1) if (n_active > 1)
   for (int64_t ai = 0; ai < n_active; ++ai) {
@@ -79,20 +79,14 @@ void moe_experts_backward(float* dz, float* dtopk_w, const ExpertGrad* grads, co
         dY[r * n_in + c] = p * dut[c];
       }
       dtopk_w[s] = acc;
-      for (int64_t j = 0; j < F; ++j) act[r * F + j] = situ(gu[r * 2 * F + j], gu[r * 2 * F + F + j], fb1, fb2);
     }
+    situ_glu_forward_fast(act, gu, n, F, b1, b2);  // the forward's activation, recomputed
     const ExpertGrad& g = grads[e];
     // Forward: y = act W2^T  ->  dW2 += dY^T act;  dact = dY W2.
     gemm(true, false, n_in, F, n, 1.f, dY, n_in, act, F, 1.f, g.w2, F);
     gemm(false, false, n, F, n_in, 1.f, dY, n_in, w2[e].f32, F, 0.f, dact, F);
     // Forward: act = SiTU(gate, up).
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t j = 0; j < F; ++j) {
-        float dg, dup;
-        situ_grad(gu[r * 2 * F + j], gu[r * 2 * F + F + j], fb1, fb2, &dg, &dup);
-        dgu[r * 2 * F + j] = dact[r * F + j] * dg;
-        dgu[r * 2 * F + F + j] = dact[r * F + j] * dup;
-      }
+    situ_glu_backward_fast(dgu, dact, gu, n, F, b1, b2);
     // Forward: [gate | up] = [Z W1^T | Z W3^T]  ->  dW1 += dG^T Z, dW3 += dU^T Z, dZ = dG W1 + dU W3.
     gemm(true, false, F, n_in, n, 1.f, dgu, 2 * F, zg, n_in, 1.f, g.w1, n_in);
     gemm(true, false, F, n_in, n, 1.f, dgu + F, 2 * F, zg, n_in, 1.f, g.w3, n_in);

@@ -7,6 +7,9 @@
 // Cephes tanhf (odd polynomial below |x| = 0.625, else 1 - 2 / (exp(2|x|) + 1)): a few ulp
 // from the correctly rounded values, NaN propagated, +-inf saturated like libm.
 // Reference: the scalar `situ` (activations.h) in the same scalar type; tests compare them.
+// The backward (situ_backward_fast) is the scalar `situ_grad` the same way: the training
+// backward of every expert and FFN row runs it, and libm's tanhf/expm1f there took about a
+// tenth of a mid-size training step.
 #pragma once
 #include <cstdint>
 
@@ -16,5 +19,19 @@ namespace k3 {
 void situ_forward_fast(float* out, const float* gate, const float* up, int64_t n, double b1, double b2);
 template <typename T>
 void situ_forward_reference(T* out, const T* gate, const T* up, int64_t n, double b1, double b2);
+
+// dgate[i] = dout[i] * dSiTU/dg (gate[i], up[i]), dup[i] = dout[i] * dSiTU/du (assigned; the
+// outputs may alias neither input).
+void situ_backward_fast(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n,
+                        double b1, double b2);
+template <typename T>
+void situ_backward_reference(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n, double b1,
+                             double b2);
+
+// The [gate | up] row layout of situ_glu_forward / situ_glu_backward (activations.h), rows of
+// width 2F: the vectorised functions above per row; float only.
+void situ_glu_forward_fast(float* out, const float* gu, int64_t rows, int64_t F, double b1, double b2);
+void situ_glu_backward_fast(float* dgu, const float* dout, const float* gu, int64_t rows, int64_t F, double b1,
+                            double b2);
 
 }  // namespace k3

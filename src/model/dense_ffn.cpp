@@ -3,6 +3,9 @@
 
 #include "kernels/activations.h"
 #include "kernels/gemm.h"
+#include "kernels/situ_simd.h"
+
+#include <type_traits>
 
 namespace k3 {
 
@@ -12,6 +15,8 @@ void dense_ffn_forward(T* out, T* gu, T* act, const T* x, const T* gate, const T
   // Both halves land in one [gate | up] row of width 2I, the layout situ_glu_forward reads.
   gemm(false, true, Tn, I, d, T(1), x, d, gate, d, T(0), gu, 2 * I);
   gemm(false, true, Tn, I, d, T(1), x, d, up, d, T(0), gu + I, 2 * I);
+  // The scalar SiTU (libm tanh/exp): the shared experts' outputs are large in ops/moe.json and
+  // its abs 1e-5 tolerance has no room for the vectorised forward's few ulps there.
   situ_glu_forward(act, gu, Tn, I, b1, b2);
   linear(out, act, down, Tn, I, d, accumulate);
 }
@@ -24,7 +29,8 @@ void dense_ffn_backward(T* dx, T* dgate, T* dup, T* ddown, T* dgu, T* dact, cons
   gemm(true, false, d, I, Tn, T(1), dout, d, act, I, T(1), ddown, I);
   gemm(false, false, Tn, I, d, T(1), dout, d, down, I, T(0), dact, I);
   // act = SiTU(gu[:, :I], gu[:, I:])
-  situ_glu_backward(dgu, dact, gu, Tn, I, b1, b2);
+  if constexpr (std::is_same_v<T, float>) situ_glu_backward_fast(dgu, dact, gu, Tn, I, b1, b2);
+  else situ_glu_backward(dgu, dact, gu, Tn, I, b1, b2);
   // gu = [x gate^T | x up^T]: dgate += dgu_g^T x, dup += dgu_u^T x; dx (+)= dgu_g gate + dgu_u up.
   gemm(true, false, I, d, Tn, T(1), dgu, 2 * I, x, d, T(1), dgate, d);
   gemm(true, false, I, d, Tn, T(1), dgu + I, 2 * I, x, d, T(1), dup, d);

@@ -119,7 +119,9 @@ struct Trainer::Impl {
 
   void setup();
   void load_checkpoint(const K3Config& cfg);
-  void train_step();
+  StepStats train_step();
+  void begin();
+  bool begun = false;
   void end_stage();
   void eval_and_log(bool stage_end);
   EvalResult evaluate(int64_t T, int64_t max_tokens);
@@ -262,7 +264,7 @@ std::vector<double> Trainer::Impl::step_maxvio() const {
   return mv;
 }
 
-void Trainer::Impl::train_step() {
+StepStats Trainer::Impl::train_step() {
   const StageConfig& sc = run.stages[size_t(st.stage)];
   const int64_t T = sc.seq_len, nseq = run.micro_batch_tokens / T, nmicro = run.batch_tokens / run.micro_batch_tokens;
   const int64_t targets = nmicro * nseq * T;
@@ -353,6 +355,12 @@ void Trainer::Impl::train_step() {
                       " | loss " + fmt("%.4f", loss) + " | lr " + fmt("%.2e", lr) + " | MaxVio " + fmt("%.2f", mvmax) +
                       " | " + rate(double(targets) / dt) + " tok/s | ETA " + format_duration(double(remaining) / tps),
                   stage_end || st.step == 1);
+  StepStats out;
+  out.step = st.step, out.stage = st.stage, out.seq_len = T, out.tokens = targets;
+  out.loss = loss, out.grad_norm = gnorm, out.lr = lr;
+  out.seconds = dt, out.seconds_fwd_bwd = t_fb, out.seconds_update = t_opt;
+  out.maxvio = mv;
+  return out;
 }
 
 EvalResult Trainer::Impl::evaluate(int64_t T, int64_t max_tokens) {
@@ -497,38 +505,57 @@ Trainer::Trainer(const RunConfig& run, const TrainOptions& opt) : impl_(std::mak
 
 Trainer::~Trainer() = default;
 
+// Opens the metrics log and the data stream of the current stage (once per Trainer).
+void Trainer::Impl::begin() {
+  if (begun) return;
+  begun = true;
+  const int64_t n_stages = int64_t(run.stages.size());
+  metrics.open((fs::path(opt.out_dir) / "metrics.jsonl").string(), opt.resume ? st.step : -1);
+  int64_t n_params = 0;
+  for (const ParamRef& p : optim->params()) n_params += p.rows * p.cols;
+  metrics.write({{"type", opt.resume ? "resume" : "start"}, {"step", st.step}, {"run", run.path},
+                 {"model", run.model_config}, {"parameters", n_params}, {"threads", P},
+                 {"total_steps", total_steps}, {"train_tokens", int64_t(data.train.size())},
+                 {"heldout_tokens", int64_t(data.heldout.size())}, {"unigram_bpb", unigram_bpb}});
+  progress.message("train: " + std::to_string(n_params) + " trained parameters, " + std::to_string(data.train.size()) +
+                   " train / " + std::to_string(data.heldout.size()) + " held-out tokens (unigram baseline " +
+                   fmt("%.3f", unigram_bpb) + " bits/byte), " + std::to_string(n_stages) + " stages, " +
+                   std::to_string(total_steps) + " steps of " + std::to_string(run.batch_tokens) + " tokens, " +
+                   std::to_string(P) + " threads, optimizer " + run.optimizer + ", balancer " + run.balancer);
+  if (st.stage < n_stages) {
+    stream = std::make_unique<SequenceStream>(&data.train, run.stages[size_t(st.stage)].seq_len, run.seed);
+    if (opt.resume) {
+      stream->set_position(st.data_epoch, st.data_cursor);
+      progress.message("resumed " + ckpt_dir + " at step " + std::to_string(st.step) + " (stage " +
+                       std::to_string(st.stage + 1) + ", step " + std::to_string(st.stage_step) + " of it)");
+    }
+    if (st.stage_step == 0) stage_message(!opt.resume);
+  } else {
+    progress.message("the run in " + ckpt_dir + " is already complete");
+  }
+}
+
+// One iteration of the training loop: a step, then whatever follows it in run() (the end of
+// a stage, an evaluation, a periodic checkpoint).
+StepStats Trainer::step() {
+  Impl& m = *impl_;
+  m.begin();
+  const int64_t n_stages = int64_t(m.run.stages.size());
+  if (m.st.stage >= n_stages) fail("train: the run is complete; there is no step left to train");
+  StepStats s = m.train_step();
+  if (m.st.stage_step == m.steps_of[size_t(m.st.stage)]) m.end_stage();
+  else if (m.run.eval_every > 0 && m.st.step % m.run.eval_every == 0) m.eval_and_log(false);
+  if (m.run.checkpoint_every > 0 && m.st.step % m.run.checkpoint_every == 0 && m.st.stage < n_stages) m.save();
+  return s;
+}
+
 TrainResult Trainer::run() {
   Impl& m = *impl_;
   const int64_t n_stages = int64_t(m.run.stages.size());
-  m.metrics.open((fs::path(m.opt.out_dir) / "metrics.jsonl").string(), m.opt.resume ? m.st.step : -1);
-  int64_t n_params = 0;
-  for (const ParamRef& p : m.optim->params()) n_params += p.rows * p.cols;
-  m.metrics.write({{"type", m.opt.resume ? "resume" : "start"}, {"step", m.st.step}, {"run", m.run.path},
-                   {"model", m.run.model_config}, {"parameters", n_params}, {"threads", m.P},
-                   {"total_steps", m.total_steps}, {"train_tokens", int64_t(m.data.train.size())},
-                   {"heldout_tokens", int64_t(m.data.heldout.size())}, {"unigram_bpb", m.unigram_bpb}});
-  m.progress.message("train: " + std::to_string(n_params) + " trained parameters, " + std::to_string(m.data.train.size()) +
-                     " train / " + std::to_string(m.data.heldout.size()) + " held-out tokens (unigram baseline " +
-                     fmt("%.3f", m.unigram_bpb) + " bits/byte), " + std::to_string(n_stages) + " stages, " +
-                     std::to_string(m.total_steps) + " steps of " + std::to_string(m.run.batch_tokens) + " tokens, " +
-                     std::to_string(m.P) + " threads, optimizer " + m.run.optimizer + ", balancer " + m.run.balancer);
-  if (m.st.stage < n_stages) {
-    m.stream = std::make_unique<SequenceStream>(&m.data.train, m.run.stages[size_t(m.st.stage)].seq_len, m.run.seed);
-    if (m.opt.resume) {
-      m.stream->set_position(m.st.data_epoch, m.st.data_cursor);
-      m.progress.message("resumed " + m.ckpt_dir + " at step " + std::to_string(m.st.step) + " (stage " +
-                         std::to_string(m.st.stage + 1) + ", step " + std::to_string(m.st.stage_step) + " of it)");
-    }
-    if (m.st.stage_step == 0) m.stage_message(!m.opt.resume);
-  } else {
-    m.progress.message("the run in " + m.ckpt_dir + " is already complete");
-  }
+  m.begin();
   while (m.st.stage < n_stages) {
     if (m.opt.stop_at_step >= 0 && m.st.step >= m.opt.stop_at_step) break;
-    m.train_step();
-    if (m.st.stage_step == m.steps_of[size_t(m.st.stage)]) m.end_stage();
-    else if (m.run.eval_every > 0 && m.st.step % m.run.eval_every == 0) m.eval_and_log(false);
-    if (m.run.checkpoint_every > 0 && m.st.step % m.run.checkpoint_every == 0 && m.st.stage < n_stages) m.save();
+    step();
   }
   m.progress.finish();
   if (m.last_saved_step != m.st.step) m.save();

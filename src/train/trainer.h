@@ -69,6 +69,16 @@ struct TrainResult {
   std::string checkpoint_dir;
 };
 
+// What one optimiser step did (Trainer::step; the same figures go to metrics.jsonl).
+struct StepStats {
+  int64_t step = 0, stage = 0, seq_len = 0, tokens = 0;  // tokens: targets of the step
+  double loss = 0, grad_norm = 0, lr = 0;
+  double seconds = 0;          // the whole step
+  double seconds_fwd_bwd = 0;  // forward + backward of every micro-batch (and balancer observation)
+  double seconds_update = 0;   // clipping, optimiser, balancer update
+  std::vector<double> maxvio;  // per MoE layer, this step's routing (empty without a balancer)
+};
+
 class Trainer {
  public:
   // Loads the corpus and the model (fresh from init_weights, or the checkpoint with
@@ -79,6 +89,10 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   TrainResult run();  // trains to the end (or to --steps); writes the checkpoint
+  // One iteration of run()'s loop (a step, and the stage end, evaluation or periodic
+  // checkpoint that follows it); no final checkpoint. For benchmarks and embedding; a
+  // k3::Error once the run is complete.
+  StepStats step();
 
   const K3Model& model() const;
   const ByteTokenizer& tokenizer() const;
