@@ -28,7 +28,7 @@ inline std::map<std::string, Result>& results() {
 }
 
 // A console reporter that also keeps each benchmark's per-iteration times and counters, under
-// its name without "/real_time" and "/iterations:N"; with --benchmark_repetitions, the best run.
+// its name without "/real_time", "/manual_time" and "/iterations:N"; with --benchmark_repetitions, the best run.
 class Capture : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
@@ -38,6 +38,7 @@ class Capture : public benchmark::ConsoleReporter {
       for (const auto& [k, v] : r.counters) x.c[k] = v.value;
       std::string name = r.benchmark_name();
       if (const auto at = name.find("/real_time"); at != std::string::npos) name.erase(at);
+      if (const auto at = name.find("/manual_time"); at != std::string::npos) name.erase(at);
       if (const auto at = name.find("/iterations:"); at != std::string::npos) name.erase(at);
       auto it = results().find(name);
       if (it == results().end() || t_of(x) < t_of(it->second)) results()[name] = x;

@@ -136,7 +136,9 @@ SequenceResult forward_backward_t(const K3ModelT<R>& model, const int32_t* token
   res.loss_sum = cross_entropy(s.logits.data(), tokens + 1, T, dm.V, grad_scale, /*dlogits=*/true, s.row_loss);
   const R* const* dscores = nullptr;
   if (opt.aux_alpha != 0.0) {
-    res.aux_loss = aux_losses(model, s, T, opt.aux_alpha, grad_scale, /*grads=*/true);
+    // T * aux: the aux loss is a per-sequence mean, so it weighs like the mean CE (with the
+    // trainer's grad_scale = 1 / targets the objective is mean CE + mean over sequences of aux).
+    res.aux_loss = aux_losses(model, s, T, opt.aux_alpha, grad_scale * double(T), /*grads=*/true);
     dscores = s.dscores_ptr.data();
   }
   if (routing_out) export_routing(*routing_out, model, s, T);

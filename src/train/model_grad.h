@@ -53,7 +53,10 @@ struct TrainScratchT {
 struct TrainScratch : TrainScratchT<float> {};
 
 // tokens [T + 1]: inputs tokens[0, T), targets tokens[1, T]. Cross-entropy summed over the T
-// targets (nats). Adds grad_scale * d(loss_sum + aux)/dW into `grads` (a buffer carved exactly
+// targets (nats). Adds grad_scale * d(loss_sum + T * aux)/dW (T * aux: the aux loss, a mean
+// over the sequence's tokens, then weighs like the mean cross-entropy once the trainer scales
+// by 1 / targets; before 2026-12-01 it was loss_sum + aux, an aux weight of alpha / T) into
+// `grads` (a buffer carved exactly
 // like model.weights(): same ParamLayout, Plain experts; parameter gradients accumulate).
 // The router bias (e_score_correction_bias) never gets a gradient.
 // routing_out (optional): per MoE layer the routing of this sequence (scores, bias copy, topk),

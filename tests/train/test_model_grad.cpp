@@ -159,7 +159,7 @@ TEST(ModelGrad, DoubleMatchesFiniteDifferencesForEveryTensor) {
     *p = v;
     const SequenceResult r = forward_loss_t<double>(m, tok.data(), kT, s, opt);
     routing_changes += routing_of(s) != routing0;
-    return r.loss_sum + r.aux_loss;
+    return r.loss_sum + double(kT) * r.aux_loss;  // forward_backward's objective
   };
   auto fd = [&](double* p) {
     const double p0 = *p;
