@@ -26,8 +26,10 @@
 // environment (PASSIVE keeps torch's OpenMP threads from spinning on a busy machine).
 // Own flags (removed before Google Benchmark sees argv): --run=FILE (default
 // bench/training/mid-512.json), --threads=N (default 2), --warmup=N (default 2), --steps=N
-// (timed, default 4), --out=DIR (scratch output; default <build dir>/bench-train-out, removed
-// at the start), --torch (add torch/step), --python=PATH (default /usr/bin/python3).
+// (timed, default 4), --seq_len=N (every stage's sequence length instead of the run file's;
+// it must divide micro_batch_tokens), --out=DIR (scratch output; default bench-train-out in
+// the current directory, removed at the start), --torch (add torch/step),
+// --python=PATH (default /usr/bin/python3).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -61,7 +63,7 @@ namespace {
 std::string g_run = std::string(K3_SOURCE_DIR) + "/bench/training/mid-512.json";
 std::string g_out = "bench-train-out";
 int g_threads = 2;
-int64_t g_warmup = 2, g_steps = 4;
+int64_t g_warmup = 2, g_steps = 4, g_seq_len = 0;
 bool g_torch = false;
 std::string g_python = "/usr/bin/python3";
 
@@ -75,8 +77,21 @@ K3Config g_cfg;
 const std::string kSgemm = "machine/sgemm_openblas/2048", kStep = "train/step", kTorch = "torch/step";
 double sgemm_peak() { return bench::rate(kSgemm, bench::counter(kSgemm, "flop")); }
 
+// The run file, with --seq_len applied to every stage.
+RunConfig bench_run() {
+  RunConfig run = load_run_config(g_run);
+  if (g_seq_len > 0)
+    for (StageConfig& sc : run.stages) {
+      if (run.micro_batch_tokens % g_seq_len != 0)
+        fail("bench: --seq_len=" + std::to_string(g_seq_len) + " does not divide micro_batch_tokens " +
+             std::to_string(run.micro_batch_tokens) + " of " + g_run);
+      sc.seq_len = g_seq_len;
+    }
+  return run;
+}
+
 void BM_TrainStep(benchmark::State& st) {
-  const RunConfig run = load_run_config(g_run);
+  const RunConfig run = bench_run();
   g_cfg = load_config(run.model_config);
   std::error_code ec;
   fs::remove_all(g_out, ec);
@@ -112,7 +127,7 @@ void BM_TrainStep(benchmark::State& st) {
 
 // The PyTorch implementation on the run's model, weights, corpus, batch and thread count.
 void BM_TorchStep(benchmark::State& st) {
-  const RunConfig run = load_run_config(g_run);
+  const RunConfig run = bench_run();
   const K3Config cfg = load_config(run.model_config);
   const StageConfig& sc = run.stages.at(0);
   const int64_t T = sc.seq_len, B = run.batch_tokens / sc.seq_len;
@@ -198,6 +213,7 @@ int main(int argc, char** argv) {
     else if (const char* v = val("--warmup=")) g_warmup = std::stoll(v);
     else if (const char* v = val("--steps=")) g_steps = std::stoll(v);
     else if (const char* v = val("--python=")) g_python = v;
+    else if (const char* v = val("--seq_len=")) g_seq_len = std::stoll(v);
     else if (a == "--torch") g_torch = true;
     else argv[w++] = argv[i];
   }

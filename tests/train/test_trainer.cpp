@@ -333,6 +333,34 @@ TEST(TrainerRun, LearnsFollowsScheduleAndWritesRecords) {
       << longer.stages[1].eval_bpb << " vs unigram " << longer.unigram_bpb;
 }
 
+// Trainer::step is one iteration of run()'s loop: stepping a run to its end gives run()'s
+// losses bitwise, with stats that match the metrics; a step past the end is refused.
+TEST(TrainerRun, StepByStepEqualsRun) {
+  TrainTempDir t;
+  nlohmann::json r = tiny_run();
+  r["checkpoint_every"] = 0;
+  const std::string run = write_run_files(t.path, r);
+  const TrainResult whole = train_quiet(run, t.sub("whole"));
+  const auto want = step_losses(t.sub("whole/metrics.jsonl"));
+  TrainOptions o;
+  o.out_dir = t.sub("stepped");
+  o.quiet = true;
+  Trainer tr(load_run_config(run), o);
+  std::vector<StepStats> got;
+  for (int64_t i = 0; i < whole.steps; ++i) got.push_back(tr.step());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].step, want[i].first);
+    EXPECT_EQ(got[i].loss, want[i].second) << "step " << got[i].step;
+    EXPECT_EQ(got[i].tokens, 256);  // batch_tokens
+    EXPECT_EQ(got[i].seq_len, got[i].stage == 0 ? 32 : 64);
+    EXPECT_EQ(got[i].maxvio.size(), 3u);  // one per MoE layer
+    EXPECT_GT(got[i].seconds, 0.0);
+    EXPECT_LE(got[i].seconds_fwd_bwd + got[i].seconds_update, got[i].seconds * 1.001);
+  }
+  EXPECT_THROW(tr.step(), Error);
+}
+
 TEST(TrainerRun, ParallelSequencesMatchSerialReference) {
   // threads 1 runs the sequences of a micro-batch one after another (the plain reference);
   // threads 2 runs them in parallel with per-thread gradient buffers summed in thread order.
