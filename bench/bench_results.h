@@ -5,6 +5,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -55,6 +56,20 @@ inline double counter(const std::string& name, const char* c) {
 inline double rate(const std::string& name, double units) {
   auto it = results().find(name);
   return it == results().end() ? NAN : units / t_of(it->second);
+}
+
+// Removes a benchmark binary's own flags from argv before Google Benchmark sees it. take(a, val)
+// is called with each argument a and val(key), the text after key when a starts with it (else
+// null); it returns whether it consumed the argument.
+template <typename F>
+inline void take_own_flags(int& argc, char** argv, F&& take) {
+  int w = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto val = [&a](const char* key) { return a.rfind(key, 0) == 0 ? a.c_str() + std::strlen(key) : nullptr; };
+    if (!take(a, val)) argv[w++] = argv[i];
+  }
+  argc = w;
 }
 
 }  // namespace k3::bench

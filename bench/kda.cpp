@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_results.h"
 #include "core/dtype.h"
 #include "core/threads.h"
 #include "kernels/gemm.h"
@@ -584,18 +585,16 @@ int main(int argc, char** argv) {
   bool torch = true, numerics = false;
   std::vector<int64_t> numT = {1024, 4096, 16384, 65536};
   int64_t numH = 2;
-  int w = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind("--kda_T=", 0) == 0) g_T = parse_list(argv[i] + 8);
+  bench::take_own_flags(argc, argv, [&](const std::string& a, auto val) {
+    if (const char* v = val("--kda_T=")) g_T = parse_list(v);
     else if (a == "--kda_torch=0") torch = false;
     else if (a == "--kda_time=cpu") g_cpu_time = true;
     else if (a == "--kda_numerics") numerics = true;
-    else if (a.rfind("--kda_numerics_T=", 0) == 0) numT = parse_list(argv[i] + 17);
-    else if (a.rfind("--kda_numerics_H=", 0) == 0) numH = std::stoll(argv[i] + 17);
-    else argv[w++] = argv[i];
-  }
-  argc = w;
+    else if (const char* v = val("--kda_numerics_T=")) numT = parse_list(v);
+    else if (const char* v = val("--kda_numerics_H=")) numH = std::stoll(v);
+    else return false;
+    return true;
+  });
   if (numerics) return run_numerics(numT, numH);
   std::printf("load average at start: %s\n", load_avg().c_str());
   register_all();

@@ -353,10 +353,7 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int w = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto val = [&](const char* key) { return a.rfind(key, 0) == 0 ? a.c_str() + std::strlen(key) : nullptr; };
+  bench::take_own_flags(argc, argv, [](const std::string& a, auto val) {
     if (const char* v = val("--model_dir=")) g_model_dir = v;
     else if (const char* v = val("--model_config=")) g_model_config = v;
     else if (const char* v = val("--prompt=")) g_prompt = std::stoll(v);
@@ -364,9 +361,9 @@ int main(int argc, char** argv) {
     else if (const char* v = val("--prefill_T=")) g_prefill_T = std::stoll(v);
     else if (const char* v = val("--threads=")) g_threads = std::stoi(v);
     else if (a == "--time=cpu") g_cpu_time = bench::use_cpu_time() = true;
-    else argv[w++] = argv[i];
-  }
-  argc = w;
+    else return false;
+    return true;
+  });
   set_num_threads(g_threads);
   std::printf("load average at start: %s\n", bench::load_average().c_str());
   register_all();

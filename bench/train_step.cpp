@@ -203,10 +203,7 @@ void summary() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int w = 1;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto val = [&](const char* key) { return a.rfind(key, 0) == 0 ? a.c_str() + std::strlen(key) : nullptr; };
+  bench::take_own_flags(argc, argv, [](const std::string& a, auto val) {
     if (const char* v = val("--run=")) g_run = v;
     else if (const char* v = val("--out=")) g_out = v;
     else if (const char* v = val("--threads=")) g_threads = std::stoi(v);
@@ -215,9 +212,9 @@ int main(int argc, char** argv) {
     else if (const char* v = val("--python=")) g_python = v;
     else if (const char* v = val("--seq_len=")) g_seq_len = std::stoll(v);
     else if (a == "--torch") g_torch = true;
-    else argv[w++] = argv[i];
-  }
-  argc = w;
+    else return false;
+    return true;
+  });
   set_num_threads(g_threads);
   std::printf("load average at start: %s\n", bench::load_average().c_str());
   benchmark::RegisterBenchmark("machine/sgemm_openblas", bench::BM_MachineSgemm)
