@@ -33,7 +33,6 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -44,14 +43,14 @@
 
 #include "bench_results.h"
 #include "core/error.h"
-#include "io/tokenizer.h"
-#include "model/checkpoint.h"
-#include "model/init.h"
-#include "train/data.h"
 #include "core/threads.h"
 #include "io/config.h"
+#include "io/tokenizer.h"
 #include "machine_peak.h"
+#include "model/checkpoint.h"
+#include "model/init.h"
 #include "model/planner.h"
+#include "train/data.h"
 #include "train/run_config.h"
 #include "train/trainer.h"
 
@@ -156,12 +155,14 @@ void BM_TorchStep(benchmark::State& st) {
   for (auto _ : st) {
     std::FILE* p = ::popen(cmd.c_str(), "r");
     if (!p) fail("bench: cannot start " + g_python);
-    std::string out, line;
+    std::string out;
     char buf[4096];
     while (std::fgets(buf, sizeof buf, p)) out += buf;
     const int rc = ::pclose(p);
     if (rc != 0) fail("bench: " + cmd + " exited with status " + std::to_string(rc) + ": " + out);
-    line = out.substr(out.rfind('{'));
+    const size_t brace = out.rfind('{');
+    if (brace == std::string::npos) fail("bench: " + cmd + " printed no JSON result: " + out);
+    const std::string line = out.substr(brace);
     const nlohmann::json j = nlohmann::json::parse(line);
     st.SetIterationTime(j.at("seconds").get<double>());
     tok_s = j.at("tokens_per_s").get<double>();

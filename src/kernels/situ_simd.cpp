@@ -38,17 +38,22 @@ inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(y, fx);
 }
 
-// Cephes tanhf: x + x^3 P(x^2) for |x| < 0.625, else sign(x) (1 - 2 / (exp(2|x|) + 1)).
-inline __m512 tanh_ps(__m512 x) {
-  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(int(0x80000000u)));
-  const __m512 ax = _mm512_andnot_ps(sign, x);
+// Cephes tanhf's small branch, x + x^3 P(x^2), accurate for |x| < 0.625.
+inline __m512 tanh_small_ps(__m512 x) {
   const __m512 s = _mm512_mul_ps(x, x);
   __m512 p = _mm512_set1_ps(-5.70498872745e-3f);
   p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(2.06390887954e-2f));
   p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(-5.37397155531e-2f));
   p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(1.33314422036e-1f));
   p = _mm512_fmadd_ps(p, s, _mm512_set1_ps(-3.33332819422e-1f));
-  const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(p, s), x, x);
+  return _mm512_fmadd_ps(_mm512_mul_ps(p, s), x, x);
+}
+
+// Cephes tanhf: x + x^3 P(x^2) for |x| < 0.625, else sign(x) (1 - 2 / (exp(2|x|) + 1)).
+inline __m512 tanh_ps(__m512 x) {
+  const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(int(0x80000000u)));
+  const __m512 ax = _mm512_andnot_ps(sign, x);
+  const __m512 small = tanh_small_ps(x);
   const __m512 e = exp_ps(_mm512_add_ps(ax, ax));
   const __m512 big = _mm512_sub_ps(_mm512_set1_ps(1.f),
                                    _mm512_div_ps(_mm512_set1_ps(2.f), _mm512_add_ps(e, _mm512_set1_ps(1.f))));
@@ -73,7 +78,7 @@ inline void tanh_dtanh_ps(__m512 x, __m512* th, __m512* dth) {
   const __m512 one = _mm512_set1_ps(1.f);
   const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(int(0x80000000u)));
   const __m512 ax = _mm512_andnot_ps(sign, x);
-  const __m512 small = tanh_ps(x);  // the polynomial branch where |x| < 0.625
+  const __m512 small = tanh_small_ps(x);  // one exp per call: the big branch's, below
   const __m512 e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_add_ps(ax, ax)));
   const __m512 r = _mm512_div_ps(one, _mm512_add_ps(one, e));
   const __m512 big = _mm512_or_ps(_mm512_mul_ps(_mm512_sub_ps(one, e), r), _mm512_and_ps(sign, x));

@@ -105,6 +105,7 @@ struct Trainer::Impl {
   int64_t last_saved_step = -1;
   double session_seconds = 0;
   int64_t session_tokens = 0;
+  bool begun = false;  // begin() ran
 
   struct EvalScratch {
     ForwardScratch fs;
@@ -121,7 +122,6 @@ struct Trainer::Impl {
   void load_checkpoint(const K3Config& cfg);
   StepStats train_step();
   void begin();
-  bool begun = false;
   void end_stage();
   void eval_and_log(bool stage_end);
   EvalResult evaluate(int64_t T, int64_t max_tokens);
