@@ -134,6 +134,7 @@ int cmd_eval(const std::vector<std::string>& args) {
                std::to_string(md.config.vocab_size) + " is below the tokenizer's " + std::to_string(tok.vocab_size()));
   const CorpusSplit split = split_and_tokenize(load_corpus(data), tok, every);
   const K3Model model = load_model(md);
+  announce_machine("eval");
   const HeldoutEval r = evaluate_heldout(model, split.heldout, T, max_tokens, batch, moving ? &mqb : nullptr);
   const int64_t k = md.config.num_experts_per_token, E = md.config.num_experts;
 

@@ -90,6 +90,7 @@ int cmd_forward(const std::vector<std::string>& args) {
   LoadOptions lo;
   lo.dequantize_experts = a.flag("dequantize");
   const K3Model model = load_model(md, lo);
+  announce_machine("forward");
   const int64_t T = int64_t(ids.size()), V = model.dims().V;
   std::vector<float> logits(size_t(T * V));
   DecodeState st = model.new_state();

@@ -87,6 +87,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   }
 
   const K3Model model = load_model(md);
+  announce_machine("generate");
   SessionOptions sess_opt;
   sess_opt.reserve_tokens = int64_t(ids.size()) + max_tokens;
   Session session(model, sess_opt);

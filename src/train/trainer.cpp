@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/simd_target.h"
 #include "core/threads.h"
 #include "io/atomic_file.h"
 #include "model/checkpoint.h"
@@ -516,7 +517,9 @@ void Trainer::Impl::begin() {
   metrics.write({{"type", opt.resume ? "resume" : "start"}, {"step", st.step}, {"run", run.path},
                  {"model", run.model_config}, {"parameters", n_params}, {"threads", P},
                  {"total_steps", total_steps}, {"train_tokens", int64_t(data.train.size())},
-                 {"heldout_tokens", int64_t(data.heldout.size())}, {"unigram_bpb", unigram_bpb}});
+                 {"heldout_tokens", int64_t(data.heldout.size())}, {"unigram_bpb", unigram_bpb},
+                 {"cpu", cpu_model_name()}, {"simd_target", simd_target().name}});
+  progress.message("train: " + machine_summary());
   progress.message("train: " + std::to_string(n_params) + " trained parameters, " + std::to_string(data.train.size()) +
                    " train / " + std::to_string(data.heldout.size()) + " held-out tokens (unigram baseline " +
                    fmt("%.3f", unigram_bpb) + " bits/byte), " + std::to_string(n_stages) + " stages, " +

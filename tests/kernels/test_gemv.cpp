@@ -43,8 +43,11 @@ TEST(GemmFewRows, MatchesReference) {
             std::vector<float> c(M * ldc, beta == 0.f ? NAN : 0.25f), ref(M * ldc, 0.25f);
             gemm_few_rows(ta, tb, M, N, K, 1.5f, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
             gemm_few_rows_reference<float>(ta, tb, M, N, K, 1.5f, a.data(), lda, b.data(), ldb, beta, ref.data(), ldc);
+            // op(B) = B sums each element sequentially over k in float: at K = 260 the partial
+            // sums reach ~25 in magnitude, so rounding alone moves a result by ~2.5e-5
+            // (measured 2.4e-5 at M 24, N 300, element (13, 228), with or without FMA).
             for (int64_t m = 0; m < M; ++m)
-              test::expect_close(c.data() + m * ldc, ref.data() + m * ldc, N, 2e-5, 1e-5,
+              test::expect_close(c.data() + m * ldc, ref.data() + m * ldc, N, 5e-5, 1e-5,
                                  "M " + std::to_string(M) + " N " + std::to_string(N) + " ta " +
                                      std::to_string(ta) + " tb " + std::to_string(tb) + " beta " +
                                      std::to_string(beta));
