@@ -159,6 +159,10 @@ const Json* option(const Json& req, const char* key, std::string& field) {
 }
 
 void parse_thinking(const Json& req, Options& o, const std::string& src) {
+  if (has(req, "chat_template_kwargs") && !req.at("chat_template_kwargs").is_null() &&
+      !req.at("chat_template_kwargs").is_object()) {
+    fail_input(src, "chat_template_kwargs", "expected an object, got " + kind(req.at("chat_template_kwargs")));
+  }
   std::string f;
   auto get_bool = [&](const char* key) -> std::optional<bool> {
     const Json* v = option(req, key, f);

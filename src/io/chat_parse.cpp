@@ -69,8 +69,9 @@ std::vector<std::pair<std::string, std::string>> parse_attrs(const std::string& 
 
 std::string attr(const std::vector<std::pair<std::string, std::string>>& attrs, const std::string& key,
                  const std::string& dflt) {
-  for (const auto& [k, v] : attrs)
-    if (k == key) return v;  // first wins
+  // the last of a repeated attribute wins, as in the reference's dict comprehension
+  for (auto it = attrs.rbegin(); it != attrs.rend(); ++it)
+    if (it->first == key) return it->second;
   return dflt;
 }
 

@@ -379,8 +379,8 @@ TEST(ChatParse, RoundTripsEveryRenderedAssistantTurn) {
         if (!s.is_control && s.text.find("<|") != std::string::npos) spells = true;
       if (!spells) {
         EXPECT_EQ(parse_output(text, at(where)), o);
-        if (text.size() < 1500) check_chunkings(text, where);
       }
+      check_chunkings(text, where);  // chunking never changes the result, markers spelled or not
       ++turns;
     }
   }

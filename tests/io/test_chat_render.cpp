@@ -214,6 +214,7 @@ TEST(ChatRequest, BadInputIsOneErrorNamingTheField) {
       {R"({"messages": [], "thinking_effort": "medium"})", "req.json: thinking_effort: unsupported effort 'medium'"},
       {R"({"messages": [], "reasoning_effort": "minimal"})", "req.json: reasoning_effort: unsupported effort 'minimal'"},
       {R"({"messages": [], "chat_template_kwargs": {"thinking": "yes"}})", "chat_template_kwargs.thinking: expected true or false"},
+      {R"({"messages": [], "chat_template_kwargs": [1]})", "req.json: chat_template_kwargs: expected an object"},
       {R"({"messages": [], "tool_choice": {"type": "function", "function": {"name": "f"}}})", "tool_choice: a named function is not supported"},
       {R"({"messages": [], "tool_choice": "sometimes"})", "tool_choice: unknown value 'sometimes'"},
       {R"({"messages": [], "response_format": {"type": "json_schema"}})", "response_format.json_schema: required field is missing"},
