@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "model/release_layout.h"
 
 namespace k3 {
 
@@ -138,22 +139,38 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
       jobs.push_back({i, storage == ExpertStorage::Mxfp4 ? Kind::MxKeep : Kind::MxDequant, ck.get(pk), ck.get(sc)});
       continue;
     }
-    if (!ck.has(s.name))
+    const std::string name = stored_param_name(ck, s.name);  // the released or a legacy name
+    if (!ck.has(name))
       fail_input(ck.path(), s.name,
                  "missing from the checkpoint (expected shape " + shape_str(s.shape) +
                      (routed ? ", plain or as MXFP4 weight_packed + weight_scale)" : ")"));
-    check_stored(ck, s.name, s.shape, false, "");
-    jobs.push_back({i, Kind::Dense, ck.get(s.name), Tensor()});
+    if (is_padded_a_log(s, ck.info(name).shape)) {  // the release's zero-padded A_log
+      jobs.push_back({i, Kind::Dense, unpad_a_log(ck, name, s), Tensor()});
+      continue;
+    }
+    check_stored(ck, name, s.shape, false, "");
+    jobs.push_back({i, Kind::Dense, ck.get(name), Tensor()});
   }
   // A language-model tensor that the config does not have means checkpoint and config disagree.
   for (const std::string& n : ck.names()) {
     if (!starts_with(n, "language_model.")) continue;
     std::string base = mxfp4_weight_name(n);
     if (base.empty()) base = n;
+    if (const std::string rel = released_param_name(base); !rel.empty()) {
+      if (ck.has(rel)) fail_input(ck.info(n).file, n, "stored both under this pre-release name and as " + rel);
+      continue;
+    }
     if (lay.find(base) < 0)
       fail_input(ck.info(n).file, n, "not a tensor of the config (" + std::to_string(cfg.num_hidden_layers) +
                                          " layers, " + std::to_string(cfg.num_experts) + " experts)");
   }
+  // Notices, one line each: legacy names read, vision tensors skipped (after their check).
+  const std::string vision = check_vision_tensors(ck, cfg).summary;
+  for (const std::string& line : {legacy_names_notice(ck, specs), vision})
+    if (!line.empty()) {
+      if (opt.log) opt.log(line);
+      else std::fprintf(stderr, "%s\n", line.c_str());
+    }
 
 #pragma omp parallel for schedule(dynamic)
   for (size_t j = 0; j < jobs.size(); ++j) {
@@ -270,7 +287,12 @@ std::vector<std::string> save_checkpoint(const std::string& dir_in, const Weight
   try {
     if (::mkdir(tmp.c_str(), 0777) != 0) fail_system("cannot create temporary checkpoint directory", tmp);
     written = write_checkpoint_shards(tmp, tensors, opt.max_shard_bytes, {{"format", "pt"}});
-    write_text_file_atomic((fs::path(tmp) / "config.json").string(), config_to_hf_json(w.config()));
+    // config.json states what the directory holds: the text model only (no vision_config),
+    // quantization_config exactly when the routed experts are MXFP4.
+    K3Config out = w.config();
+    out.vision = {};
+    out.quantization = opt.experts == ExpertStorage::Mxfp4 ? release_mxfp4_quantization() : K3Config::Quantization{};
+    write_text_file_atomic((fs::path(tmp) / "config.json").string(), config_to_hf_json(out));
     if (!opt.tokenizer_json.empty())
       write_text_file_atomic((fs::path(tmp) / "tokenizer.json").string(), opt.tokenizer_json);
     fsync_dir(tmp);

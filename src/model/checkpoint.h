@@ -8,7 +8,11 @@
 // the mmap'ed file (default) or dequantised, or plain `.weight` in a float dtype. Every missing
 // tensor, wrong shape, wrong dtype, and every `language_model.*` tensor the config does not
 // have, is a k3::Error naming the tensor, the expected and found value and the file.
-// Tensors outside `language_model.` (e.g. a vision tower) are ignored.
+// The release's other forms (model/release_layout.h) are read too: a zero-padded 1-D A_log
+// (non-zero padding is an error), the pre-release k3cpp names of the output AttnRes read
+// (one notice line), and `vision_tower.*` / `mm_projector.*` tensors, checked against
+// vision_config when there is one and skipped with one line. Other tensors outside
+// `language_model.` (a training checkpoint's train_state) are ignored.
 //
 // Saving writes the released names (so k3cpp checkpoints and the release are one format):
 // dense tensors f32 (exact training resume; default) or bf16 (the release's), routed experts
@@ -34,6 +38,8 @@ struct LoadOptions {
   // default they stay MXFP4 when every routed expert is stored so; a checkpoint with any plain
   // expert loads all experts as f32.
   bool dequantize_experts = false;
+  // Receives the load's one-line notices (legacy names, skipped vision tensors); unset: stderr.
+  std::function<void(const std::string&)> log;
 };
 
 // The weights of `cfg` from an open checkpoint (see the contract above).

@@ -158,8 +158,8 @@ K3ModelT<R>::K3ModelT(WeightStore weights) : store_(std::move(weights)), dims_(m
   const ParamLayout& lay = store_.layout();
   auto P = [&](const std::string& name) { return params_ + lay.offset(lay.index(name)); };
   embed_ = P(kModelPrefix + "embed_tokens.weight");
-  final_res_norm_ = P(kModelPrefix + "final_res_norm.weight");
-  final_res_proj_ = P(kModelPrefix + "final_res_proj.weight");
+  final_res_norm_ = P(kOutputAttnResNormName);
+  final_res_proj_ = P(kOutputAttnResProjName);
   final_norm_ = P(kModelPrefix + "norm.weight");
   lm_head_ = config().tie_word_embeddings ? embed_ : P(kLmHeadName);
 }
