@@ -24,6 +24,12 @@ namespace k3 {
 
 void gemm_few_rows(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                    int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// The same with B held as bf16 (widened in registers; the same summation order, so equal to
+// gemm_few_rows on the widened B bit for bit).
+void gemm_few_rows_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                        int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// dst [n] = src [n] (bf16) as f32, exact; vectorised on every SIMD target.
+void widen_bf16(float* dst, const uint16_t* src, int64_t n);
 template <typename T>
 void gemm_few_rows_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
                              int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);

@@ -112,11 +112,23 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
   }
   const ExpertStorage storage =
       any_mx && all_mx && !opt.dequantize_experts ? ExpertStorage::Mxfp4 : ExpertStorage::Plain;
-  WeightStore w(cfg, storage);
+  // Dense matrices kept as stored (bf16) for inference: those a checkpoint holds as bf16 under
+  // their released name with the spec's shape (anything else is validated and converted below).
+  std::vector<bool> bf16_held(specs.size(), false);
+  if (opt.dense_as_stored)
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const ParamSpec& s = specs[i];
+      if (s.component == Component::RoutedExperts || s.shape.size() != 2 || s.shape[0] < 2 || s.shape[1] < 2 ||
+          !ck.has(s.name))
+        continue;
+      const auto& info = ck.info(s.name);
+      bf16_held[i] = info.dtype == DType::BF16 && info.shape == s.shape;
+    }
+  WeightStore w(cfg, storage, bf16_held);
   const ParamLayout& lay = w.layout();
 
   // Validate everything and take the views (serially), then convert (in parallel).
-  enum class Kind { Dense, MxKeep, MxDequant };
+  enum class Kind { Dense, Bf16Keep, MxKeep, MxDequant };
   struct Job {
     size_t i;
     Kind kind;
@@ -149,7 +161,7 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
       continue;
     }
     check_stored(ck, name, s.shape, false, "");
-    jobs.push_back({i, Kind::Dense, ck.get(name), Tensor()});
+    jobs.push_back({i, bf16_held[i] ? Kind::Bf16Keep : Kind::Dense, ck.get(name), Tensor()});
   }
   // A language-model tensor that the config does not have means checkpoint and config disagree.
   for (const std::string& n : ck.names()) {
@@ -178,6 +190,7 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
     const ParamSpec& s = specs[jb.i];
     switch (jb.kind) {
       case Kind::Dense: to_f32(w.param(jb.i), jb.a); break;
+      case Kind::Bf16Keep: w.set_bf16(jb.i, std::move(jb.a)); break;
       case Kind::MxKeep: {
         Mxfp4Matrix m;
         m.rows = s.shape[0], m.cols = s.shape[1];
@@ -259,8 +272,8 @@ std::vector<std::string> save_checkpoint(const std::string& dir_in, const Weight
       Mxfp4Matrix m = w.has_mxfp4(i) ? w.mxfp4(i) : Mxfp4Matrix::quantize(w.tensor(i));
       slots[i] = {m.packed, m.scales};
     } else {
-      Tensor t = lay.in_buffer(i) ? w.tensor(i) : w.mxfp4(i).dequantize();
-      slots[i].a = opt.dense_dtype == DType::F32 ? t : t.to(opt.dense_dtype);
+      Tensor t = lay.in_buffer(i) ? w.tensor(i) : lay.bf16_held(i) ? w.bf16(i) : w.mxfp4(i).dequantize();
+      slots[i].a = t.dtype() == opt.dense_dtype ? t : t.to(opt.dense_dtype);
     }
   }
   std::vector<std::pair<std::string, Tensor>> tensors;

@@ -3,7 +3,8 @@
 // as safetensors shards (model.safetensors, or model-0000i-of-0000N.safetensors + index) under
 // the `language_model.model.` names, and optionally tokenizer.json (io/tokenizer.h).
 //
-// Loading: dense tensors bf16, f16 or f32, converted to f32 into the WeightStore; routed
+// Loading: dense tensors bf16, f16 or f32, converted to f32 into the WeightStore (or, with
+// LoadOptions::dense_as_stored, bf16 matrices kept as zero-copy bf16 views); routed
 // experts either MXFP4 (`weight_packed` + `weight_scale`), kept quantised as zero-copy views of
 // the mmap'ed file (default) or dequantised, or plain `.weight` in a float dtype. Every missing
 // tensor, wrong shape, wrong dtype, and every `language_model.*` tensor the config does not
@@ -38,6 +39,10 @@ struct LoadOptions {
   // default they stay MXFP4 when every routed expert is stored so; a checkpoint with any plain
   // expert loads all experts as f32.
   bool dequantize_experts = false;
+  // Inference: dense matrices stored as bf16 stay bf16 (zero-copy views of the mapped file,
+  // read by the kernels as stored); otherwise every dense tensor is widened into the f32
+  // buffer (training keeps f32 master weights).
+  bool dense_as_stored = false;
   // Receives the load's one-line notices (legacy names, skipped vision tensors); unset: stderr.
   std::function<void(const std::string&)> log;
 };

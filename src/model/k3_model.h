@@ -128,11 +128,11 @@ class K3ModelT {
   R* params_ = nullptr;
   ModelDims dims_;
   std::vector<LayerWeightsT<R>> layers_;
-  const R* embed_ = nullptr;           // [V, d]
+  MatT<R> embed_;                      // [V, d] as held (f32, or bf16 for inference)
   const R* final_res_norm_ = nullptr;  // [d]
   const R* final_res_proj_ = nullptr;  // [d]
   const R* final_norm_ = nullptr;      // [d]
-  const R* lm_head_ = nullptr;         // [V, d] (the embedding when tied)
+  MatT<R> lm_head_;                    // [V, d] (the embedding when tied)
 };
 using K3Model = K3ModelT<float>;
 
