@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <atomic>
 #include <cstdio>
 
 #include "core/error.h"
@@ -19,6 +20,21 @@
 namespace k3 {
 
 namespace {
+
+// hwy::SupportedTargets() re-detects the CPU and, as a side effect, points the dispatcher at
+// every detected target (Highway 1.0.3 targets.cc: it calls GetChosenTarget().Update() with the
+// unmasked set before applying DisableTargets' mask). Every query here goes through this
+// wrapper, which points the dispatcher back at the masked set, so a forced target stays forced.
+int64_t supported_mask() {
+  const int64_t t = hwy::SupportedTargets();
+  hwy::GetChosenTarget().Update(t);
+  return t;
+}
+
+// Whether the dispatched target may use AVX-512 (read by the bf16 tile kernel on every call,
+// so cached; refreshed whenever the target set changes).
+std::atomic<int> g_avx512_allowed{-1};
+void refresh_avx512_allowed() { g_avx512_allowed = (supported_mask() & (HWY_AVX3 | HWY_AVX3_DL)) != 0; }
 
 std::string lower(std::string s) {
   for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -58,14 +74,15 @@ struct ApplyEnvAtStartup {
 
 std::vector<SimdTarget> simd_targets_supported() {
   std::vector<SimdTarget> out;
-  for (int64_t bit : hwy::SupportedAndGeneratedTargets()) out.push_back({bit, hwy::TargetName(bit)});
+  const int64_t avail = supported_mask() & HWY_TARGETS;
+  for (int64_t t = avail; t != 0; t &= t - 1) out.push_back({t & -t, hwy::TargetName(t & -t)});
   std::sort(out.begin(), out.end(), [](const SimdTarget& a, const SimdTarget& b) { return a.bits < b.bits; });
   return out;  // lower bit = better target
 }
 
 SimdTarget simd_target() {
   // The chosen target is the best of SupportedTargets() that was compiled (HWY_TARGETS).
-  const int64_t avail = hwy::SupportedTargets() & HWY_TARGETS;
+  const int64_t avail = supported_mask() & HWY_TARGETS;
   const int64_t bit = avail & -avail;
   return {bit, bit ? hwy::TargetName(bit) : "none"};
 }
@@ -76,10 +93,11 @@ void force_simd_target(const std::string& name, const std::string& source) {
   for (const auto& t : simd_targets_supported()) choices += (choices.empty() ? "" : ", ") + lower(t.name);
   if (bit == 0 || !(HWY_TARGETS & bit))
     throw Error(source + ": unknown SIMD target '" + name + "' (this CPU and build: " + choices + ")");
-  if (!(hwy::SupportedTargets() & bit))
+  if (!(supported_mask() & bit))
     throw Error(source + ": this CPU cannot run SIMD target '" + name + "' (it can run: " + choices + ")");
   // Every better target (lower bit) is disabled; Highway then dispatches to `bit`.
   hwy::DisableTargets(bit - 1);
+  refresh_avx512_allowed();
 }
 
 void apply_simd_target_from_env() {
@@ -87,7 +105,15 @@ void apply_simd_target_from_env() {
   if (env && *env) force_simd_target(env, "K3_SIMD_TARGET");
 }
 
-void set_simd_target_for_test(int64_t bits) { hwy::SetSupportedTargetsForTest(bits); }
+void set_simd_target_for_test(int64_t bits) {
+  hwy::SetSupportedTargetsForTest(bits);
+  refresh_avx512_allowed();
+}
+
+bool simd_avx512_allowed() {
+  if (g_avx512_allowed < 0) refresh_avx512_allowed();
+  return g_avx512_allowed > 0;
+}
 
 std::string cpu_model_name() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -119,7 +145,7 @@ bool cpu_has_avx512_bf16() {
   unsigned a, b, c, d;
   // CPUID.(EAX=7, ECX=1):EAX bit 5 = AVX512_BF16; the OS must also save the zmm state, which
   // Highway's AVX3 detection checks (XGETBV), so require that as well.
-  if (!(hwy::SupportedTargets() & (HWY_AVX3 | HWY_AVX3_DL))) return false;
+  if (!(supported_mask() & (HWY_AVX3 | HWY_AVX3_DL))) return false;
   if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
   return (a >> 5) & 1u;
 #else

@@ -38,6 +38,9 @@ std::string cpu_model_name();
 std::string cpu_simd_features();
 // Whether the CPU executes AVX512-BF16 (vdpbf16ps), used by the hand-written bf16 tile kernel.
 bool cpu_has_avx512_bf16();
+// Whether the kernels may use AVX-512 now (the CPU has it and no lower target is forced);
+// cheap (cached), for per-call checks of hand-written AVX-512 paths.
+bool simd_avx512_allowed();
 // One line for logs: "CPU AMD EPYC [avx2 fma]; kernels AVX2 (supported: AVX2 SSE4 SCALAR)".
 std::string machine_summary();
 

@@ -63,6 +63,8 @@ float StreamSum(const float* p, int64_t n) {
   return HSum(d, acc[0]);
 }
 
+int F32Lanes() { return int(hn::Lanes(DF())); }
+
 }  // namespace HWY_NAMESPACE
 }  // namespace k3
 HWY_AFTER_NAMESPACE();
@@ -73,6 +75,7 @@ namespace k3 {
 HWY_EXPORT(FmaPeakLoop);
 HWY_EXPORT(WidenDotLoop);
 HWY_EXPORT(StreamSum);
+HWY_EXPORT(F32Lanes);
 
 double bf16_dot_peak_native(int64_t n, float* sink);  // matmul_bf16_avx512bf16.cpp
 
@@ -81,6 +84,18 @@ double bf16_dot_peak_loop(int64_t n, float* sink) {
   return mm_bf16_native() ? bf16_dot_peak_native(n, sink) : HWY_DYNAMIC_DISPATCH(WidenDotLoop)(n, sink);
 }
 float stream_sum(const float* p, int64_t n) { return HWY_DYNAMIC_DISPATCH(StreamSum)(p, n); }
+int dispatched_f32_lanes() { return HWY_DYNAMIC_DISPATCH(F32Lanes)(); }
+int f32_lanes_of_target(int64_t t) {
+  switch (t) {
+    case HWY_AVX3_DL:
+    case HWY_AVX3: return 16;
+    case HWY_AVX2: return 8;
+    case HWY_SSE4:
+    case HWY_SSSE3: return 4;
+    case HWY_SCALAR: return 1;
+    default: return 0;
+  }
+}
 
 }  // namespace k3
 #endif  // HWY_ONCE

@@ -16,5 +16,10 @@ double bf16_dot_peak_loop(int64_t n, float* sink);
 // Sum of n floats (p 64-byte aligned, n a multiple of 128) with independent accumulators, so
 // that loads, not the add latency, bound the loop.
 float stream_sum(const float* p, int64_t n);
+// The f32 vector width of the code the kernels dispatch to right now (16 AVX-512, 8 AVX2,
+// 4 SSE4, 1 scalar): what actually runs, for the tests that switch targets.
+int dispatched_f32_lanes();
+// The lane count a target's f32 vectors have (0 for a target this build does not know).
+int f32_lanes_of_target(int64_t target_bits);
 
 }  // namespace k3

@@ -348,7 +348,7 @@ void mm_f32(float* C, int64_t ldc, const float* A, int64_t lda, bool a_trans, co
 bool mm_bf16_native() {
   // The CPU has AVX512-BF16 and the kernels may use AVX-512 (not forced to a lower target).
   static const bool cpu = cpu_has_avx512_bf16();
-  return cpu && (hwy::SupportedTargets() & (HWY_AVX3 | HWY_AVX3_DL)) != 0;
+  return cpu && simd_avx512_allowed();
 }
 
 void mm_bf16(float* C, int64_t ldc, const uint16_t* A, int64_t lda, const uint16_t* Bp, int64_t ldb, int64_t M,

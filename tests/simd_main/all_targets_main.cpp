@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/simd_target.h"
+#include "kernels/machine_probe.h"
 
 namespace {
 
@@ -25,8 +26,11 @@ class TargetEnvironment : public ::testing::Environment {
     ++g_pass;
     k3::set_simd_target_for_test(t.bits);
     g_current = t.name;
-    if (k3::simd_target().bits != t.bits) {
-      std::fprintf(stderr, "could not switch the kernels to SIMD target %s\n", t.name.c_str());
+    // What runs, not only what is reported: the dispatched code's vector width.
+    const int want = k3::f32_lanes_of_target(t.bits), got = k3::dispatched_f32_lanes();
+    if (k3::simd_target().bits != t.bits || (want && got != want)) {
+      std::fprintf(stderr, "could not switch the kernels to SIMD target %s (dispatched f32 lanes %d, expected %d)\n",
+                   t.name.c_str(), got, want);
       std::abort();
     }
     std::printf("[ SIMD target %s ] (%s)\n", t.name.c_str(), k3::cpu_model_name().c_str());
