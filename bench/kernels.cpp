@@ -26,6 +26,7 @@
 #include "kernels/matmul_bf16.h"
 #include "kernels/mxfp4_linear.h"
 #include "kernels/situ_simd.h"
+#include "kernels/small_matmul.h"
 #include "machine_peak.h"
 
 using namespace k3;
@@ -85,6 +86,21 @@ void BM_Mxfp4Linear(benchmark::State& st) {
   st.SetLabel(simd_target().name + " x" + std::to_string(dispatched_f32_lanes()));
 }
 
+void BM_Mxfp4Dequantize(benchmark::State& st) {
+  const int64_t out = 64, in = 4096;  // 1 MB of f32 out: L2-resident
+  Tensor Wf = Tensor::empty(DType::F32, {out, in});
+  const std::vector<float> r = random_floats(out * in, 11);
+  std::copy(r.begin(), r.end(), Wf.data<float>());
+  const Mxfp4Matrix W = Mxfp4Matrix::quantize(Wf);
+  std::vector<float> dst(size_t(out * in));
+  for (auto _ : st) {
+    mxfp4_dequantize(dst.data(), W.packed.data<uint8_t>(), W.scales.data<uint8_t>(), out, in);
+    benchmark::DoNotOptimize(dst.data());
+  }
+  st.counters["Gweights/s"] = benchmark::Counter(double(out * in), benchmark::Counter::kIsIterationInvariantRate);
+  st.SetLabel(simd_target().name + " x" + std::to_string(dispatched_f32_lanes()));
+}
+
 void BM_Situ(benchmark::State& st) {
   const int64_t n = 1 << 20;
   const std::vector<float> g = random_floats(n, 5), u = random_floats(n, 6);
@@ -109,6 +125,24 @@ void BM_MmF32(benchmark::State& st) {
   st.SetLabel(simd_target().name + " x" + std::to_string(dispatched_f32_lanes()));
 }
 
+// A routed expert at prefill (kernels/moe.cpp): n gathered tokens as columns through
+// linear_cols_mxfp4 ([out, in] MXFP4, rows dequantised block by block inside the product).
+void BM_ExpertPrefill(benchmark::State& st) {
+  const int64_t n = st.range(0), in = 512, out = 256, ld = (n + 15) / 16 * 16;
+  Tensor Wf = Tensor::empty(DType::F32, {out, in});
+  const std::vector<float> r = random_floats(out * in, 9);
+  std::copy(r.begin(), r.end(), Wf.data<float>());
+  const Mxfp4Matrix W = Mxfp4Matrix::quantize(Wf);
+  const std::vector<float> xt = random_floats(in * ld, 10);
+  std::vector<float> yt(size_t(out * ld));
+  for (auto _ : st) {
+    linear_cols_mxfp4(yt.data(), xt.data(), W.packed.data<uint8_t>(), W.scales.data<uint8_t>(), n, in, out, ld, ld);
+    benchmark::DoNotOptimize(yt.data());
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * n * in * out, benchmark::Counter::kIsIterationInvariantRate);
+  st.SetLabel(simd_target().name + " x" + std::to_string(dispatched_f32_lanes()));
+}
+
 void BM_FmaOneThread(benchmark::State& st) {
   double flops = 0;
   for (auto _ : st) {
@@ -127,6 +161,8 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("kernel/gemv_f32", BM_GemvF32)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("kernel/gemv_bf16", BM_GemvBf16)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("kernel/mxfp4_linear", BM_Mxfp4Linear)->Arg(1)->Arg(4)->ArgName("rows")->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("kernel/expert_prefill", BM_ExpertPrefill)->Arg(37)->Arg(16)->ArgName("n")->UseRealTime();
+  benchmark::RegisterBenchmark("kernel/mxfp4_dequantize", BM_Mxfp4Dequantize)->UseRealTime();
   benchmark::RegisterBenchmark("kernel/situ", BM_Situ)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("kernel/mm_f32", BM_MmF32)->UseRealTime();
   benchmark::RegisterBenchmark("machine/fma_peak_1thread", BM_FmaOneThread)->UseRealTime()->Unit(benchmark::kMillisecond);

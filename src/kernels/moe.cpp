@@ -26,26 +26,28 @@ void check_expert(const ExpertMatrixT<R>& m, int64_t rows, int64_t cols) {
 }
 
 // An MXFP4 expert meets at most this many gathered rows through the fused-decode product
-// (kernels/mxfp4_linear.h: W read once at 4.25 bits, no dequantised copy); more rows amortise
-// one dequantisation per matrix into `deq`, then go as columns through linear_cols
-// (kernels/small_matmul.h).
+// (kernels/mxfp4_linear.h: W read once at 4.25 bits, no dequantised copy); more rows go as
+// columns through linear_cols_mxfp4 (kernels/small_matmul.h), which dequantises 6 rows at a
+// time into L1 and reuses them for every column.
 constexpr int64_t kFusedMaxRows = 8;
 
-// The expert's f32 matrix: its own storage, or `deq` after dequantising the MXFP4 one.
-const float* expert_f32(const ExpertMatrix& m, float* deq) {
-  if (m.f32) return m.f32;
-  mxfp4_dequantize(deq, m.mx->packed.data<uint8_t>(), m.mx->scales.data<uint8_t>(), m.rows, m.cols);
-  return deq;
-}
-
-// y [n, ldy] (first m.rows columns) = x [n, m.cols] m^T: fused MXFP4 decode for few rows,
-// else BLAS on the f32 matrix. deq: room for m's f32 copy.
-void expert_linear(float* y, int64_t ldy, const float* x, const ExpertMatrix& m, int64_t n, float* deq) {
-  if (m.mx && n <= kFusedMaxRows) {
+// y [n, ldy] (first m.rows columns) = x [n, m.cols] m^T: fused MXFP4 decode (few rows), or
+// gemm on the f32 matrix.
+void expert_linear(float* y, int64_t ldy, const float* x, const ExpertMatrix& m, int64_t n) {
+  if (m.mx) {
     mxfp4_linear(y, x, m.mx->packed.data<uint8_t>(), m.mx->scales.data<uint8_t>(), n, m.cols, m.rows, ldy);
     return;
   }
-  gemm(false, true, n, m.rows, m.cols, 1.f, x, m.cols, expert_f32(m, deq), m.cols, 0.f, y, ldy);
+  gemm(false, true, n, m.rows, m.cols, 1.f, x, m.cols, m.f32, m.cols, 0.f, y, ldy);
+}
+
+// yt [rows, ld] = m xt for n columns: MXFP4 rows dequantised block by block inside the product
+// (kernels/small_matmul.h linear_cols_mxfp4), f32 directly.
+void expert_cols(float* yt, const float* xt, const ExpertMatrix& m, int64_t n, int64_t ld) {
+  if (m.mx)
+    linear_cols_mxfp4(yt, xt, m.mx->packed.data<uint8_t>(), m.mx->scales.data<uint8_t>(), n, m.cols, m.rows, ld, ld);
+  else
+    linear_cols(yt, xt, m.f32, n, m.cols, m.rows, ld, ld);
 }
 
 }  // namespace
@@ -77,23 +79,21 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
   moe_dispatch(dp, topk_idx, Tn, k, E);
   scratch.active.clear();
   int64_t max_rows = 0;
-  bool any_mx = false;
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = dp.offset[e + 1] - dp.offset[e];
     if (n == 0) continue;
     check_expert(w1[e], F, n_in);
     check_expert(w3[e], F, n_in);
     check_expert(w2[e], n_in, F);
-    any_mx = any_mx || w1[e].mx || w3[e].mx || w2[e].mx;
     scratch.active.push_back(int32_t(e));
     max_rows = std::max(max_rows, n);
   }
   const int64_t n_active = int64_t(scratch.active.size());
   // Per-thread work area, sized for either layout: rows (gathered z, [W1 z | W3 z], SiTU, W2
   // output: [n, n_in], [n, 2F], [n, F], [n, n_in]) or columns (the same transposed, n padded
-  // to ld), then one dequantised matrix when any expert is MXFP4.
+  // to ld).
   const int64_t ld = (max_rows + 15) / 16 * 16;
-  const int64_t per_thread = ld * (n_in + 2 * F + F + n_in) + (any_mx ? F * n_in : 0);
+  const int64_t per_thread = ld * (n_in + 2 * F + F + n_in);
   const int nthreads = n_active > 1 ? omp_get_max_threads() : 1;
   if (scratch.work.size() < size_t(per_thread * nthreads)) scratch.work.resize(size_t(per_thread * nthreads));
   if (scratch.slots.size() < size_t(Tn * k * n_in)) scratch.slots.resize(size_t(Tn * k * n_in));
@@ -107,10 +107,10 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
     float* gu = zg + ld * n_in;   // [n, 2F] laid out [gate | up]   (columns: [2F, ld])
     float* act = gu + ld * 2 * F;  // [n, F]                        (columns: [F, ld])
     float* y = act + ld * F;       // [n, n_in]                     (columns: [n_in, ld])
-    float* deq = y + ld * n_in;    // [F * n_in]: one dequantised matrix at a time
     const bool mx = w1[e].mx || w3[e].mx || w2[e].mx;
     if (mx && n > kFusedMaxRows) {
-      // Prefill sizes: rows as columns (kernels/small_matmul.h), each matrix dequantised once.
+      // Prefill sizes: rows as columns (kernels/small_matmul.h), MXFP4 rows dequantised per
+      // block of 6 inside the product.
       // Transposes go in tiles of 16 columns, so the 16 rows of the column-major side being
       // written or read stay in L1 across the n rows.
       for (int64_t c0 = 0; c0 < n_in; c0 += 16)
@@ -118,10 +118,10 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
           const float* zr = z + int64_t(dp.token[begin + r]) * n_in;
           for (int64_t c = c0; c < std::min(c0 + 16, n_in); ++c) zg[c * ld + r] = zr[c];
         }
-      linear_cols(gu, zg, expert_f32(w1[e], deq), n, n_in, F, ld, ld);
-      linear_cols(gu + F * ld, zg, expert_f32(w3[e], deq), n, n_in, F, ld, ld);
+      expert_cols(gu, zg, w1[e], n, ld);
+      expert_cols(gu + F * ld, zg, w3[e], n, ld);
       for (int64_t j = 0; j < F; ++j) situ_forward_fast(act + j * ld, gu + j * ld, gu + (F + j) * ld, n, b1, b2);
-      linear_cols(y, act, expert_f32(w2[e], deq), n, F, n_in, ld, ld);
+      expert_cols(y, act, w2[e], n, ld);
       for (int64_t c0 = 0; c0 < n_in; c0 += 16)
         for (int64_t r = 0; r < n; ++r) {
           const int64_t s = dp.slot[begin + r];
@@ -141,10 +141,10 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
     }
     for (int64_t r = 0; r < n; ++r)
       std::memcpy(zg + r * n_in, z + int64_t(dp.token[begin + r]) * n_in, sizeof(float) * size_t(n_in));
-    expert_linear(gu, 2 * F, zg, w1[e], n, deq);
-    expert_linear(gu + F, 2 * F, zg, w3[e], n, deq);
+    expert_linear(gu, 2 * F, zg, w1[e], n);
+    expert_linear(gu + F, 2 * F, zg, w3[e], n);
     for (int64_t r = 0; r < n; ++r) situ_forward_fast(act + r * F, gu + r * 2 * F, gu + r * 2 * F + F, F, b1, b2);
-    expert_linear(y, n_in, act, w2[e], n, deq);
+    expert_linear(y, n_in, act, w2[e], n);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t s = dp.slot[begin + r];
       if (gu_saved) std::memcpy(gu_saved + s * 2 * F, gu + r * 2 * F, sizeof(float) * size_t(2 * F));

@@ -6,7 +6,8 @@
 // tile keeps R x NV accumulators (R weight rows, NV vectors of L columns, L the SIMD target's
 // float width, the last vector cut at the edge), and every step broadcasts one weight per row
 // and loads NV column vectors, so no horizontal sums and no packing are needed. Columns go in
-// blocks of at most 4 vectors; R fills the target's register file. Every SIMD target has it.
+// blocks of 2 vectors (4 with 32 registers), 6 weight rows at a time; the row block stays in L1
+// while xt streams past it once. Every SIMD target has it.
 // Reference: the same product with a double accumulator per output.
 #pragma once
 #include <cstdint>
@@ -16,6 +17,12 @@ namespace k3 {
 // yt [out, ldy] (first n columns written); xt [in, ldx] (first n columns read); W [out, in].
 void linear_cols(float* yt, const float* xt, const float* W, int64_t n, int64_t in, int64_t out, int64_t ldx,
                  int64_t ldy);
+// The same with W stored MXFP4 (packed [out, in/2], scales [out, in/32]): each block of 6 rows
+// is dequantised (mxfp4_dequantize, bit-identical values) into a per-thread L1 buffer right
+// before its products, so no f32 copy of W is written; equal to linear_cols on the dequantised
+// matrix bit for bit.
+void linear_cols_mxfp4(float* yt, const float* xt, const uint8_t* packed, const uint8_t* scales, int64_t n, int64_t in,
+                       int64_t out, int64_t ldx, int64_t ldy);
 template <typename T>
 void linear_cols_reference(T* yt, const T* xt, const T* W, int64_t n, int64_t in, int64_t out, int64_t ldx,
                            int64_t ldy);
