@@ -1,7 +1,5 @@
 #include "io/tiktoken.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <filesystem>
 

@@ -78,12 +78,11 @@ std::vector<SpecialToken> read_special_tokens(const std::string& path, int32_t b
     }
     out[id - base] = {int32_t(id), name, special};
   }
-  // A reserved-style name given explicitly to another id would make two ids share it.
-  std::map<std::string, int32_t> names;
+  // A config name that is the reserved name of an id the config leaves unnamed would make
+  // two ids share it.
   for (const auto& t : out)
-    if (!names.emplace(t.name, t.id).second)
-      fail_input(path, "added_tokens_decoder." + std::to_string(t.id),
-                 "token name '" + t.name + "' is also the name of id " + std::to_string(names[t.name]));
+    if (auto s = seen.find(t.name); s != seen.end() && s->second != "added_tokens_decoder." + std::to_string(t.id))
+      fail_input(path, s->second, "token name '" + t.name + "' is the reserved name of id " + std::to_string(t.id));
   return out;
 }
 

@@ -90,7 +90,7 @@ TEST(TiktokenFile, RefusesMissingFilesAndBadConfigs) {
   EXPECT_EQ(with_config(R"({"added_tokens_decoder": {"3": {"content": 5}}})"),
             cfg + ": added_tokens_decoder.3: expected an object with a string \"content\"");
   EXPECT_EQ(with_config(R"({"added_tokens_decoder": {"3": {"content": "<|reserved_token_4|>"}}})"),
-            cfg + ": added_tokens_decoder.4: token name '<|reserved_token_4|>' is also the name of id 3");
+            cfg + ": added_tokens_decoder.3: token name '<|reserved_token_4|>' is the reserved name of id 4");
   EXPECT_NE(with_config("{not json").find(cfg + ": json: not valid JSON"), std::string::npos);
   // A good config names its ids; the rest stay reserved.
   std::ofstream(cfg) << R"({"added_tokens_decoder": {"3": {"content": "[BOS]", "special": true},
