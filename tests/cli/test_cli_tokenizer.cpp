@@ -36,7 +36,10 @@ TEST(CliTokenizer, TrainTokenizeDetokenizeRoundTrip) {
   auto t = run_k3cpp("tokenize --vocab " + shell_quote(dir.sub("tok")) + " --text " + shell_quote(text));
   ASSERT_EQ(t.rc, 0) << t.err;
   std::string want;
-  for (int32_t id : tok.encode(text)) want += (want.empty() ? "" : ",") + std::to_string(id);
+  for (int32_t id : tok.encode(text)) {
+    if (!want.empty()) want += ',';
+    want += std::to_string(id);
+  }
   EXPECT_EQ(t.out, want + "\n");
   auto d = run_k3cpp("detokenize --vocab " + shell_quote(dir.sub("tok")) + " --ids " + t.out.substr(0, t.out.size() - 1));
   ASSERT_EQ(d.rc, 0) << d.err;
