@@ -123,43 +123,47 @@ BpeTrainResult train_bpe(std::string_view raw, const BpeTrainOptions& opt) {
       ++res.merges;
     }
     ++step;
-    // Rewrite every word holding (a, b): take its old pairs out, put its new pairs in.
+    // Rewrite every word holding (a, b). Only the pairs next to each merged occurrence
+    // change: (prev, a) -> (prev, c) and (b, next) -> (c, next), with `prev` taken from the
+    // rewritten word so that back-to-back occurrences ("abab", "aaa") come out right.
     std::vector<uint32_t> list = std::move(where[top.key]);
     where.erase(top.key);
     touched.clear();
+    auto bump = [&](int32_t x, int32_t y, int64_t d, uint32_t w) {
+      const uint64_t k = pair_key(x, y);
+      counts[k] += d;
+      touched.push_back(k);
+      if (d > 0) {
+        auto& v = where[k];
+        if (v.empty() || v.back() != w) v.push_back(w);
+      }
+    };
     for (uint32_t w : list) {
       Word& wd = words[w];
       if (wd.visited == step) continue;
-      auto& s = wd.sym;
-      bool has = false;
-      for (size_t i = 0; i + 1 < s.size(); ++i)
-        if (s[i] == a && s[i + 1] == b) { has = true; break; }
-      if (!has) continue;
       wd.visited = step;
-      for (size_t i = 0; i + 1 < s.size(); ++i) {
-        uint64_t k = pair_key(s[i], s[i + 1]);
-        counts[k] -= wd.count;
-        touched.push_back(k);
-      }
+      auto& s = wd.sym;
+      const int64_t f = wd.count;
       fresh.clear();
-      for (size_t i = 0; i < s.size(); ++i) {
+      for (size_t i = 0; i < s.size();) {
         if (i + 1 < s.size() && s[i] == a && s[i + 1] == b) {
+          bump(a, b, -f, w);
+          if (!fresh.empty()) {
+            bump(fresh.back(), a, -f, w);
+            bump(fresh.back(), c, f, w);
+          }
+          if (i + 2 < s.size()) {
+            bump(b, s[i + 2], -f, w);
+            bump(c, s[i + 2], f, w);
+          }
           fresh.push_back(c);
-          ++i;
+          i += 2;
         } else {
           fresh.push_back(s[i]);
+          ++i;
         }
       }
       s.swap(fresh);
-      for (size_t i = 0; i + 1 < s.size(); ++i) {
-        uint64_t k = pair_key(s[i], s[i + 1]);
-        counts[k] += wd.count;
-        touched.push_back(k);
-        if (s[i] == c || s[i + 1] == c) {
-          auto& v = where[k];
-          if (v.empty() || v.back() != w) v.push_back(w);
-        }
-      }
     }
     std::sort(touched.begin(), touched.end());
     touched.erase(std::unique(touched.begin(), touched.end()), touched.end());

@@ -2,7 +2,8 @@
 // byte order), then each merge, most frequent adjacent pair first, over the pre-tokenized
 // pieces of the corpus (merges never cross a piece, so the result encodes with the same
 // pattern). Pair counts live in a hash map and are updated incrementally: a merge revisits
-// only the pieces that contain its pair, found through a pair -> pieces index.
+// only the pieces that contain its pair (a pair -> pieces index) and changes only the pairs
+// beside each occurrence, so long pieces cost nothing until one of their pairs is merged.
 // Ties on frequency go to the pair with the smaller (left, right) ids: deterministic.
 #pragma once
 #include <cstdint>

@@ -81,6 +81,27 @@ TEST(BpeTrainer, EqualsRecountingTrainer) {
   }
 }
 
+TEST(BpeTrainer, EqualsRecountingTrainerOnRepetitiveWords) {
+  // Back-to-back occurrences of a pair ("aaaa", "abab") and long words, where the
+  // incremental update must take `prev` from the rewritten word.
+  std::string text;
+  std::mt19937 rng(5);
+  for (int i = 0; i < 400; ++i) {
+    const int len = 1 + int(rng() % 40);
+    const char* alphabet = i % 3 == 0 ? "a" : i % 3 == 1 ? "ab" : "abc";
+    const int k = i % 3 + 1;
+    text += ' ';
+    for (int j = 0; j < len; ++j) text += alphabet[(i % 2 ? j : rng()) % k];
+  }
+  text += " " + std::string(3000, 'a') + " " + std::string(2001, 'b');
+  BpeTrainOptions opt;
+  opt.base_vocab = 360;
+  BpeTrainResult r = train_bpe(text, opt);
+  const auto want = plain_train(text, PatternKind::kimi, 360);
+  ASSERT_EQ(r.ranks.size(), int32_t(want.size()));
+  for (int32_t i = 0; i < r.ranks.size(); ++i) ASSERT_EQ(std::string(r.ranks.bytes(i)), want[i]) << i;
+}
+
 TEST(BpeTrainer, StopsWhenNoPairRepeats) {
   BpeTrainOptions opt;
   opt.base_vocab = 10000;
