@@ -6,6 +6,11 @@ namespace k3 {
 
 std::vector<std::pair<size_t, size_t>> split_long_text(std::string_view text, LongTextLimits lim) {
   std::vector<std::pair<size_t, size_t>> out;
+  // A text of at most max_run_chars bytes has at most that many code points: nothing to cut.
+  if (text.size() <= lim.max_run_chars && text.size() <= lim.chunk_chars) {
+    if (!text.empty()) out.emplace_back(0, text.size());
+    return out;
+  }
   size_t i = 0;
   while (i < text.size()) {
     // One chunk of up to chunk_chars code points, split by runs as the reference's

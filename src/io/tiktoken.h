@@ -6,7 +6,8 @@
 // text; each piece is split by the pattern and each match byte-pair merged. Encoding is by
 // segments: control segments may produce special ids, text segments never do (a `<|open|>`
 // in user text is ordinary text), and no merge crosses a segment boundary. BOS is never
-// added.
+// added. Where one special name is a prefix of another the longer one wins (the reference's
+// choice then depends on hash-map order; K3's names never overlap so).
 #pragma once
 #include <cstdint>
 #include <string>
