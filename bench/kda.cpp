@@ -15,7 +15,6 @@
 // --kda_numerics (run the experiment instead of the benchmarks), --kda_numerics_T=LIST,
 // --kda_numerics_H=N.
 #include <benchmark/benchmark.h>
-#include <immintrin.h>
 #include <omp.h>
 
 #include <cmath>
@@ -30,6 +29,7 @@
 #include <vector>
 
 #include "bench_results.h"
+#include "machine_peak.h"
 #include "core/dtype.h"
 #include "core/threads.h"
 #include "kernels/gemm.h"
@@ -106,77 +106,6 @@ double scale() { return 1.0 / std::sqrt(double(kD)); }
 // ---------------------------------------------------------------------------------------
 // machine peaks
 
-__attribute__((noinline)) float fma_loop(int64_t n) {
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(float(i) * 1e-9f);
-  __m512 a = _mm512_set1_ps(1.0000001f), b = _mm512_set1_ps(0.9999999f);
-  for (int64_t it = 0; it < n; ++it) {
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(a, acc[i], b);
-    __asm__ volatile("" : "+v"(a));
-  }
-  alignas(64) float lanes[16];
-  float s = 0;
-  for (int i = 0; i < 16; ++i) {  // (not _mm512_reduce_add_ps: GCC 12 warns inside it)
-    _mm512_store_ps(lanes, acc[i]);
-    for (float x : lanes) s += x;
-  }
-  return s;
-}
-
-#if defined(__AVX512BF16__)
-__attribute__((noinline)) float dpbf16_loop(int64_t n) {
-  __m512 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-  __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = x;
-  for (int64_t it = 0; it < n; ++it) {
-    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], x, y);
-    __asm__ volatile("" : "+v"(x));
-  }
-  alignas(64) float lanes[16];
-  float s = 0;
-  for (int i = 0; i < 16; ++i) {  // (not _mm512_reduce_add_ps: GCC 12 warns inside it)
-    _mm512_store_ps(lanes, acc[i]);
-    for (float x : lanes) s += x;
-  }
-  return s;
-}
-#endif
-
-void BM_FmaPeak(benchmark::State& st) {
-  const int64_t n = 1 << 22;
-  const bool bf = st.range(0);
-  for (auto _ : st) {
-#pragma omp parallel
-    {
-#if defined(__AVX512BF16__)
-      benchmark::DoNotOptimize(bf ? dpbf16_loop(n) : fma_loop(n));
-#else
-      benchmark::DoNotOptimize(fma_loop(n));
-#endif
-    }
-  }
-  const double flops = double(n) * 16 * (bf ? 64 : 32) * omp_get_max_threads();
-  st.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
-}
-
-void BM_Sgemm(benchmark::State& st) {
-  const int64_t N = st.range(0);
-  std::vector<float> A(N * N, 0.5f), B(N * N, 0.25f), C(N * N);
-  for (auto _ : st) gemm(false, false, N, N, N, 1.f, A.data(), N, B.data(), N, 0.f, C.data(), N);
-  st.counters["FLOP/s"] = benchmark::Counter(2.0 * N * N * N, benchmark::Counter::kIsIterationInvariantRate);
-}
-
-void BM_MemReadWrite(benchmark::State& st) {
-  const int64_t n = int64_t(1) << 27;  // 512 MB
-  static std::vector<float> a(n, 1.f);
-  for (auto _ : st) {
-    float* p = a.data();
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) p[i] = p[i] * 0.999999f + 1e-7f;
-    benchmark::ClobberMemory();
-  }
-  st.counters["B/s"] = benchmark::Counter(2.0 * 4 * n, benchmark::Counter::kIsIterationInvariantRate);
-}
 
 // The tile products alone, one thread (kernels/matmul_bf16.h): args M, N, K, bf16, tri.
 void BM_Tile(benchmark::State& st) {
@@ -450,9 +379,9 @@ void summary(bool with_torch) {
 }
 
 void register_all() {
-  benchmark::RegisterBenchmark("machine/fma_peak", BM_FmaPeak)->Arg(0)->Arg(1)->ArgName("bf16")->UseRealTime();
-  benchmark::RegisterBenchmark("machine/sgemm_openblas", BM_Sgemm)->Arg(2048)->UseRealTime()->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("machine/mem_rw", BM_MemReadWrite)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("machine/fma_peak", bench::BM_MachineFma)->Arg(0)->Arg(1)->ArgName("bf16")->UseRealTime();
+  benchmark::RegisterBenchmark("machine/sgemm_openblas", bench::BM_MachineSgemm)->Arg(2048)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("machine/mem_rw", bench::BM_MachineMemReadWrite)->UseRealTime()->Unit(benchmark::kMillisecond);
   for (int64_t bf : {0, 1})  // the chunk's products: state read, triangular, tile row, small tile
     for (auto sh : {std::vector<int64_t>{128, 128, 128, bf, 0}, {64, 128, 64, bf, 1}, {32, 64, 128, bf, 0},
                     {32, 16, 128, bf, 0}})

@@ -2,9 +2,12 @@
 // ratio in docs/benchmarks.md is taken against figures from the same run and machine state:
 //   BM_MachineSgemm       OpenBLAS sgemm N x N x N (the f32 matrix-multiply peak the prefill
 //                         targets are stated against), counter "FLOP/s";
-//   BM_MachineMemRead     streaming read of a 1 GiB buffer, AVX-512 loads, 8 accumulators per
-//                         thread (the decode bound: weights are only read), counters "B/s"
-//                         (mean over the passes) and "best_B/s" (the fastest pass);
+//   BM_MachineFma         register-only FMA chains on the dispatched SIMD target, all threads
+//                         (the peak the KDA kernel's figures are stated against), "FLOP/s";
+//   BM_MachineMemRead     streaming read of a 1 GiB buffer, vector loads of the dispatched SIMD
+//                         target, 8 accumulators per thread (the decode bound: weights are only
+//                         read), counters "B/s" (mean over the passes) and "best_B/s" (the
+//                         fastest pass);
 //   BM_MachineMemReadWrite in-place read + write of 512 MiB (a state-update pattern), "B/s".
 // All run with the OpenMP thread count (k3::num_threads()); besides the rates (per wall second)
 // each reports its work per iteration ("flop", "bytes") so that a summary can take rates from
@@ -12,7 +15,6 @@
 // library; names live in k3::bench.
 #pragma once
 #include <benchmark/benchmark.h>
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -23,8 +25,10 @@
 #include <string>
 #include <vector>
 
+#include "core/simd_target.h"
 #include "core/tensor.h"
 #include "kernels/gemm.h"
+#include "kernels/machine_probe.h"
 
 namespace k3::bench {
 
@@ -45,26 +49,30 @@ inline void BM_MachineSgemm(benchmark::State& st) {
   st.counters["flop"] = 2.0 * N * N * N;  // per iteration (for rates from another clock)
 }
 
-// Sum of n floats (n % 128 == 0), 8 independent accumulators so that loads, not the add
-// latency, bound the loop.
-__attribute__((noinline)) inline float stream_sum(const float* p, int64_t n) {
-#if defined(__AVX512F__)
-  __m512 acc[8];
-  for (auto& a : acc) a = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 128)
-    for (int j = 0; j < 8; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_load_ps(p + i + 16 * j));
-  for (int j = 1; j < 8; ++j) acc[0] = _mm512_add_ps(acc[0], acc[j]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, acc[0]);
-  float s = 0;
-  for (float x : lanes) s += x;
-  return s;
-#else
-  float acc[8] = {};
-  for (int64_t i = 0; i < n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += p[i + j];
-  return acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7];
-#endif
+// The first line of every benchmark log: the CPU and the SIMD target the kernels dispatch to
+// (K3_SIMD_TARGET forces a lower one).
+inline const bool kPrintedMachine = [] {
+  std::printf("k3cpp benchmark: %s\n", machine_summary().c_str());
+  std::fflush(stdout);
+  return true;
+}();
+
+inline void BM_MachineFma(benchmark::State& st) {
+  const int64_t n = 1 << 22;
+  const bool bf = st.range(0);
+  double flops = 0;
+  for (auto _ : st) {
+    double per = 0;
+#pragma omp parallel reduction(+ : per)
+    {
+      float sink;
+      per += bf ? bf16_dot_peak_loop(n, &sink) : fma_peak_loop(n, &sink);
+      benchmark::DoNotOptimize(sink);
+    }
+    flops = per;
+  }
+  st.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  st.SetLabel(simd_target().name);
 }
 
 // The buffers the memory benchmarks keep between their calls (Google Benchmark calls a
@@ -130,8 +138,9 @@ inline void BM_MachineMemReadWrite(benchmark::State& st) {
   st.counters["bytes"] = 2.0 * 4 * n;  // per iteration
 }
 
-// Registers the three under machine/ (sgemm at N = sgemm_n).
-inline void register_machine_peaks(int64_t sgemm_n = 2048, bool read_write = false) {
+// Registers the peaks under machine/ (sgemm at N = sgemm_n).
+inline void register_machine_peaks(int64_t sgemm_n = 2048, bool read_write = false, bool fma = false) {
+  if (fma) benchmark::RegisterBenchmark("machine/fma_peak", BM_MachineFma)->Arg(0)->Arg(1)->ArgName("bf16")->UseRealTime();
   benchmark::RegisterBenchmark("machine/sgemm_openblas", BM_MachineSgemm)
       ->Arg(sgemm_n)
       ->UseRealTime()

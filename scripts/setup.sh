@@ -6,6 +6,7 @@ PKGS=(
   build-essential cmake pkg-config
   libopenblas-openmp-dev      # BLAS (OpenMP build, so BLAS and our loops share one thread pool)
   nlohmann-json3-dev          # JSON: configs, safetensors headers, fixtures
+  libhwy-dev                  # Google Highway: SIMD kernels for every x86-64 / Arm target, run-time dispatch
   libgtest-dev libgmock-dev   # tests
   libbenchmark-dev            # benchmarks
   bible-kjv                   # default training corpus (`bible` prints the KJV text)

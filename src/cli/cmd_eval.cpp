@@ -133,7 +133,10 @@ int cmd_eval(const std::vector<std::string>& args) {
     fail_input(md.config_path, "vocab_size",
                std::to_string(md.config.vocab_size) + " is below the tokenizer's " + std::to_string(tok.vocab_size()));
   const CorpusSplit split = split_and_tokenize(load_corpus(data), tok, every);
-  const K3Model model = load_model(md);
+  LoadOptions lo;
+  lo.dense_as_stored = true;  // bf16 dense weights read as stored
+  const K3Model model = load_model(md, lo);
+  announce_machine("eval");
   const HeldoutEval r = evaluate_heldout(model, split.heldout, T, max_tokens, batch, moving ? &mqb : nullptr);
   const int64_t k = md.config.num_experts_per_token, E = md.config.num_experts;
 

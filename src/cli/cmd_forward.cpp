@@ -1,5 +1,5 @@
 // `k3cpp forward <model dir> --ids 1,2,3 --logits out.f32 [--threads N]
-//                 [--kda-path fast|chunked|recurrent] [--dequantize]`
+//                 [--kda-path fast|chunked|recurrent] [--dequantize] [--f32-weights]`
 // One full forward over the ids from a fresh state; writes float32 logits for every position,
 // row-major [T, vocab], little-endian, no header, so that any tool can compare them with a
 // reference (numpy.fromfile(path, "<f4").reshape(T, vocab)). The file is written atomically.
@@ -23,11 +23,12 @@ namespace {
 
 const char* kUsage =
     "usage: k3cpp forward <model dir> --ids 1,2,3 --logits out.f32 [--threads N]\n"
-    "                     [--kda-path fast|chunked|recurrent] [--dequantize]\n"
+    "                     [--kda-path fast|chunked|recurrent] [--dequantize] [--f32-weights]\n"
     "  --ids         comma-separated token ids\n"
     "  --logits      output file: float32 [T, vocab], row-major, little-endian\n"
     "  --kda-path    KDA core: fast (default), chunked or recurrent (the references)\n"
-    "  --dequantize  run MXFP4 routed experts from an f32 copy\n";
+    "  --dequantize  run MXFP4 routed experts from an f32 copy\n"
+    "  --f32-weights widen bf16 dense weights to f32 when loading (default: kept as stored)\n";
 
 }  // namespace
 
@@ -68,7 +69,7 @@ KDAPath parse_kda_path(const std::string& s) {
 }
 
 int cmd_forward(const std::vector<std::string>& args) {
-  Args a(args, {"ids", "logits", "threads", "kda-path"}, {"dequantize", "help"}, "forward");
+  Args a(args, {"ids", "logits", "threads", "kda-path"}, {"dequantize", "f32-weights", "help"}, "forward");
   if (a.flag("help")) {
     std::fputs(kUsage, stdout);
     return 0;
@@ -89,7 +90,9 @@ int cmd_forward(const std::vector<std::string>& args) {
 
   LoadOptions lo;
   lo.dequantize_experts = a.flag("dequantize");
+  lo.dense_as_stored = !a.flag("f32-weights");
   const K3Model model = load_model(md, lo);
+  announce_machine("forward");
   const int64_t T = int64_t(ids.size()), V = model.dims().V;
   std::vector<float> logits(size_t(T * V));
   DecodeState st = model.new_state();

@@ -86,7 +86,10 @@ int cmd_generate(const std::vector<std::string>& args) {
     stop = {tok->eos()};
   }
 
-  const K3Model model = load_model(md);
+  LoadOptions lo;
+  lo.dense_as_stored = true;  // bf16 dense weights read as stored
+  const K3Model model = load_model(md, lo);
+  announce_machine("generate");
   SessionOptions sess_opt;
   sess_opt.reserve_tokens = int64_t(ids.size()) + max_tokens;
   Session session(model, sess_opt);

@@ -6,7 +6,10 @@
 // missing tensor, every unexpected one, every shape or dtype mismatch is reported by name
 // with the expected and the found value, and the exit status is 1 if there is any.
 // Routed experts are accepted either plain (`.weight`, a float dtype) or as MXFP4
-// (`.weight_packed` U8 [rows, cols/2] + `.weight_scale` U8 [rows, cols/32]).
+// (`.weight_packed` U8 [rows, cols/2] + `.weight_scale` U8 [rows, cols/32]). The release's
+// other forms are accepted as the loader accepts them (model/release_layout.h): a zero-padded
+// A_log, the pre-release k3cpp names of the output AttnRes read (a note, not a problem), and
+// vision tensors, checked against vision_config and listed as skipped.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -22,6 +25,7 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/param_specs.h"
+#include "model/release_layout.h"
 
 namespace k3::cli {
 namespace {
@@ -82,13 +86,13 @@ struct Row {
 };
 
 struct Problems {
-  std::vector<std::string> lines;
+  std::vector<std::string> lines, notes;
   int missing = 0, unexpected = 0, mismatch = 0;
 };
 
 // Checks the checkpoint against the table. Every checkpoint name that belongs to a spec gets
 // that spec in `spec_of` and its table position in `order_of`; all others are unexpected.
-void check(const CheckpointReader& ck, const std::vector<ParamSpec>& specs, Problems& pr,
+void check(const CheckpointReader& ck, const K3Config& cfg, const std::vector<ParamSpec>& specs, Problems& pr,
            std::map<std::string, size_t>& order_of, std::map<std::string, const ParamSpec*>& spec_of) {
   auto expect_float = [&](const std::string& name, const ParamSpec& s) {
     const TensorInfo& ti = ck.info(name);
@@ -96,6 +100,14 @@ void check(const CheckpointReader& ck, const std::vector<ParamSpec>& specs, Prob
       pr.lines.push_back("dtype      " + name + ": expected a float dtype (f32, bf16, f16), found " +
                          dtype_name(ti.dtype));
       ++pr.mismatch;
+    } else if (is_padded_a_log(s, ti.shape)) {
+      try {
+        unpad_a_log(ck, name, s);
+      } catch (const Error& e) {
+        pr.lines.push_back(std::string("padding    ") + e.what());
+        ++pr.mismatch;
+      }
+      return;
     }
     if (ti.shape != s.shape) {
       pr.lines.push_back("shape      " + name + ": expected " + shape_str(s.shape) + ", found " + shape_str(ti.shape));
@@ -104,11 +116,12 @@ void check(const CheckpointReader& ck, const std::vector<ParamSpec>& specs, Prob
   };
   for (size_t i = 0; i < specs.size(); ++i) {
     const ParamSpec& s = specs[i];
-    const bool plain = ck.has(s.name);
+    const std::string stored = stored_param_name(ck, s.name);  // the released or a legacy name
+    const bool plain = ck.has(stored);
     if (plain) {
-      order_of[s.name] = i;
-      spec_of[s.name] = &s;
-      expect_float(s.name, s);
+      order_of[stored] = i;
+      spec_of[stored] = &s;
+      expect_float(stored, s);
     }
     if (s.component != Component::RoutedExperts) {
       if (!plain) {
@@ -163,8 +176,15 @@ void check(const CheckpointReader& ck, const std::vector<ParamSpec>& specs, Prob
       }
     }
   }
+  if (const std::string note = legacy_names_notice(ck, specs); !note.empty()) pr.notes.push_back(note);
+  try {
+    if (const std::string v = check_vision_tensors(ck, cfg).summary; !v.empty()) pr.notes.push_back(v);
+  } catch (const Error& e) {
+    pr.lines.push_back(std::string("vision     ") + e.what());
+    ++pr.mismatch;
+  }
   for (const std::string& n : ck.names()) {
-    if (order_of.count(n)) continue;
+    if (order_of.count(n) || is_vision_tensor_name(n)) continue;
     const TensorInfo& ti = ck.info(n);
     pr.lines.push_back("unexpected " + n + ": " + dtype_name(ti.dtype) + " " + shape_str(ti.shape));
     ++pr.unexpected;
@@ -200,7 +220,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
   std::vector<ParamSpec> specs;
   if (!config_path.empty()) {
     specs = k3_param_specs(cfg);
-    check(ck, specs, pr, order_of, spec_of);
+    check(ck, cfg, specs, pr, order_of, spec_of);
   }
 
   // Group rows by layer, then component. With a config the groups of a layer appear in
@@ -223,6 +243,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
     const TensorInfo& ti = ck.info(n);
     total_bytes += ti.nbytes;
     Row r{&ti, layer_of_name(n), kUnmatched, config_path.empty() ? "other" : "unexpected", size_t(-1)};
+    if (is_vision_tensor_name(n)) r.layer = -1, r.group = "vision (skipped)";
     if (auto it = spec_of.find(n); it != spec_of.end()) {
       const ParamSpec& sp = *it->second;
       r.layer = sp.layer;
@@ -268,6 +289,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
     return 0;
   }
   std::printf("\ncheck against %s (%zu tensors in the table)\n", config_path.c_str(), specs.size());
+  for (const std::string& l : pr.notes) std::printf("  %s\n", l.c_str());
   for (const std::string& l : pr.lines) std::printf("  %s\n", l.c_str());
   const int n = pr.missing + pr.unexpected + pr.mismatch;
   if (n == 0) {

@@ -1,5 +1,7 @@
 #include "cli/commands.h"
 
+#include "core/simd_target.h"
+
 #include <cstdlib>
 
 #include "core/error.h"
@@ -37,9 +39,15 @@ const Command* find_command(const std::string& name) {
   return nullptr;
 }
 
+void announce_machine(const char* command) {
+  std::fprintf(stderr, "k3cpp %s: %s\n", command, machine_summary().c_str());
+}
+
 void print_usage(FILE* out) {
   std::fprintf(out, "usage: k3cpp <command> [options]\n\ncommands:\n");
   for (const auto& c : kCommands) std::fprintf(out, "  %-10s %s\n", c.name, c.summary);
+  std::fprintf(out, "\nglobal options: --version (version, CPU, SIMD target), --simd-target NAME (force a lower\n"
+                   "SIMD target: avx3, avx2, sse4, baseline; or set K3_SIMD_TARGET)\n");
   std::fprintf(out, "\nrun 'k3cpp <command> --help' for a command's options\n");
 }
 

@@ -16,6 +16,9 @@ struct Command {
 };
 
 const Command* find_command(const std::string& name);
+// The first line of a computing command's log (stderr), once its inputs are validated:
+// "k3cpp <command>: CPU ...; kernels AVX2 (supported: ...)" (core/simd_target.h).
+void announce_machine(const char* command);
 void print_usage(FILE* out);
 
 // Parses "--key value", "--key=value" and "--flag" options plus positionals. Unknown

@@ -1,5 +1,8 @@
 // k3cpp command-line entry point: dispatches subcommands (src/cli/cmd_*.cpp register
 // themselves in the table in commands.cpp). User errors print one line and exit 1.
+// Global options, before or after the subcommand: --version (the version, the CPU and the SIMD
+// target the kernels run on) and --simd-target NAME (force a lower target, like the
+// K3_SIMD_TARGET environment variable; core/simd_target.h).
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -7,9 +10,44 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/simd_target.h"
+
+#ifndef K3_VERSION
+#define K3_VERSION "dev"
+#endif
 
 int main(int argc, char** argv) {
   using namespace k3::cli;
+  // --simd-target NAME / --simd-target=NAME anywhere on the line applies to the whole run.
+  std::vector<char*> kept;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    std::string target;
+    if (a == "--simd-target") {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "k3cpp: error: --simd-target needs a value (e.g. avx2, sse4, baseline)\n");
+        return 2;
+      }
+      target = argv[++i];
+    } else if (a.rfind("--simd-target=", 0) == 0) {
+      target = a.substr(14);
+    } else {
+      kept.push_back(argv[i]);
+      continue;
+    }
+    try {
+      k3::force_simd_target(target);
+    } catch (const k3::Error& e) {
+      std::fprintf(stderr, "k3cpp: error: %s\n", e.what());
+      return 2;
+    }
+  }
+  argc = int(kept.size());
+  argv = kept.data();
+  if (argc >= 2 && (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version"))) {
+    std::printf("k3cpp %s\n%s\n", K3_VERSION, k3::machine_summary().c_str());
+    return 0;
+  }
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {
     print_usage(stdout);
     return argc < 2 ? 2 : 0;

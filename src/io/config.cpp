@@ -176,6 +176,192 @@ void validate_impl(const K3Config& c, const std::string& src, const FieldPaths& 
       fail_input(src, f("kda_layers"), "layer " + list_str(v) + " is in neither " + f("full_attn_layers") + " nor kda_layers");
 }
 
+// ---- released top-level fields, quantization_config, vision_config -------------------
+// Field names and values as in the released config.json (moonshotai/Kimi-K3; checked
+// against public K3 loaders that read it, see docs/architecture.md "Tensor names").
+
+std::string shown(const json& v) {
+  std::string t = v.dump();
+  return t.size() > 40 ? t.substr(0, 37) + "..." : t;
+}
+
+std::string get_string(const json& obj, const std::string& key, const std::string& where, const std::string& src) {
+  const json& v = obj.at(key);
+  if (!v.is_string()) fail_input(src, where, std::string("expected a string, got ") + v.type_name() + " " + shown(v));
+  return v.get<std::string>();
+}
+
+// An optional value that, when present and not null, must equal `want` (a JSON scalar).
+void expect_value(const json& obj, const std::string& key, const json& want, const std::string& where,
+                  const std::string& src, const char* why) {
+  if (!obj.contains(key) || obj.at(key).is_null()) return;
+  if (obj.at(key) != want)
+    fail_input(src, where + key, shown(obj.at(key)) + " is not supported (expected " + want.dump() + ": " + why + ")");
+}
+
+void parse_quantization(const json& q, const std::string& where, const std::string& src, K3Config::Quantization& out) {
+  if (!q.is_object()) fail_input(src, where, std::string("expected an object, got ") + q.type_name());
+  const std::string w = where + ".";
+  if (!q.contains("quant_method") || q.at("quant_method").is_null())
+    fail_input(src, w + "quant_method", "required field is missing");
+  out.quant_method = get_string(q, "quant_method", w + "quant_method", src);
+  // Only the release's scheme: compressed-tensors packing of MXFP4 (K3_REFERENCE section 8).
+  if (out.quant_method != "compressed-tensors")
+    fail_input(src, w + "quant_method",
+               "unsupported quantization method \"" + out.quant_method +
+                   "\" (k3cpp reads compressed-tensors mxfp4-pack-quantized checkpoints only)");
+  if (!q.contains("format") || q.at("format").is_null()) fail_input(src, w + "format", "required field is missing");
+  out.format = get_string(q, "format", w + "format", src);
+  if (out.format != "mxfp4-pack-quantized")
+    fail_input(src, w + "format", "unsupported compressed-tensors format \"" + out.format +
+                                     "\" (k3cpp reads mxfp4-pack-quantized only)");
+  // "compressed": the file holds the packed weights (weight_packed + weight_scale).
+  expect_value(q, "quantization_status", "compressed", w, src, "the weights must be stored packed");
+  if (!q.contains("config_groups") || !q.at("config_groups").is_object() || q.at("config_groups").empty())
+    fail_input(src, w + "config_groups", "missing, empty or not an object");
+  for (const auto& [gname, g] : q.at("config_groups").items()) {
+    const std::string gw = w + "config_groups." + gname;
+    if (!g.is_object()) fail_input(src, gw, std::string("expected an object, got ") + g.type_name());
+    if (g.contains("format") && !g.at("format").is_null() && g.at("format") != "mxfp4-pack-quantized")
+      fail_input(src, gw + ".format", shown(g.at("format")) + " is not supported (expected \"mxfp4-pack-quantized\")");
+    if (g.contains("targets") && !g.at("targets").is_null()) {
+      const json& t = g.at("targets");
+      if (!t.is_array()) fail_input(src, gw + ".targets", std::string("expected an array, got ") + t.type_name());
+      for (const json& e : t)
+        if (!e.is_string()) fail_input(src, gw + ".targets", "expected an array of strings, got " + shown(t));
+    }
+    if (!g.contains("weights") || !g.at("weights").is_object())
+      fail_input(src, gw + ".weights", "missing or not an object");
+    const json& wt = g.at("weights");
+    const std::string ww = gw + ".weights.";
+    // MXFP4: 4-bit E2M1 floats, one shared uint8 (E8M0) scale per group of 32, symmetric.
+    if (!wt.contains("num_bits") || wt.at("num_bits") != 4)
+      fail_input(src, ww + "num_bits", (wt.contains("num_bits") ? shown(wt.at("num_bits")) : std::string("missing")) +
+                                          ": MXFP4 weights have 4 bits");
+    if (!wt.contains("group_size") || wt.at("group_size") != 32)
+      fail_input(src, ww + "group_size",
+                 (wt.contains("group_size") ? shown(wt.at("group_size")) : std::string("missing")) +
+                     ": MXFP4 shares one scale per 32 weights");
+    expect_value(wt, "type", "float", ww, src, "MXFP4 codes are E2M1 floats");
+    expect_value(wt, "symmetric", true, ww, src, "MXFP4 has no zero point");
+    expect_value(wt, "dynamic", false, ww, src, "the scales are stored");
+    expect_value(wt, "strategy", "group", ww, src, "one scale per group of 32");
+    expect_value(wt, "scale_dtype", "torch.uint8", ww, src, "E8M0 scales are stored as uint8");
+  }
+  out.ignore.clear();
+  if (q.contains("ignore") && !q.at("ignore").is_null()) {
+    const json& ig = q.at("ignore");
+    if (!ig.is_array()) fail_input(src, w + "ignore", std::string("expected an array, got ") + ig.type_name());
+    for (const json& e : ig) {
+      if (!e.is_string()) fail_input(src, w + "ignore", "expected an array of strings, got " + shown(e));
+      out.ignore.push_back(e.get<std::string>());
+    }
+  }
+  out.num_bits = 4, out.group_size = 32;
+  out.present = true;
+}
+
+void parse_vision(const json& v, const std::string& src, K3Config::Vision& out) {
+  if (!v.is_object()) fail_input(src, "vision_config", std::string("expected an object, got ") + v.type_name());
+  auto integer = [&](const char* key, int64_t& dst, bool required) {
+    const std::string where = std::string("vision_config.") + key;
+    if (!v.contains(key) || v.at(key).is_null()) {
+      if (required) fail_input(src, where, "required field is missing");
+      return;
+    }
+    const json& x = v.at(key);
+    if (!x.is_number_integer()) fail_input(src, where, std::string("expected an integer, got ") + x.type_name() + " " + shown(x));
+    dst = x.get<int64_t>();
+    if (dst <= 0) fail_input(src, where, "must be positive, got " + std::to_string(dst));
+  };
+  // The layer count and width are what the skipped tensors are checked against.
+  integer("vt_num_hidden_layers", out.num_hidden_layers, true);
+  integer("vt_hidden_size", out.hidden_size, true);
+  integer("vt_intermediate_size", out.intermediate_size, false);
+  integer("vt_num_attention_heads", out.num_attention_heads, false);
+  integer("qkv_hidden_size", out.qkv_hidden_size, false);
+  integer("patch_size", out.patch_size, false);
+  integer("mm_hidden_size", out.mm_hidden_size, false);
+  integer("text_hidden_size", out.text_hidden_size, false);
+  if (out.num_attention_heads > 0 && out.qkv_hidden_size > 0 && out.qkv_hidden_size % out.num_attention_heads != 0)
+    fail_input(src, "vision_config.qkv_hidden_size",
+               std::to_string(out.qkv_hidden_size) + " is not a multiple of vt_num_attention_heads (" +
+                   std::to_string(out.num_attention_heads) + ")");
+  if (v.contains("merge_kernel_size") && !v.at("merge_kernel_size").is_null()) {
+    const json& m = v.at("merge_kernel_size");
+    if (!m.is_array() || m.size() != 2)
+      fail_input(src, "vision_config.merge_kernel_size", "expected two integers [h, w], got " + shown(m));
+    for (const json& e : m) {
+      if (!e.is_number_integer() || e.get<int64_t>() <= 0)
+        fail_input(src, "vision_config.merge_kernel_size", "expected two positive integers, got " + shown(m));
+      out.merge_kernel_size.push_back(e.get<int64_t>());
+    }
+  }
+  if (v.contains("mm_projector_type") && !v.at("mm_projector_type").is_null())
+    out.mm_projector_type = get_string(v, "mm_projector_type", "vision_config.mm_projector_type", src);
+  out.present = true;
+}
+
+// Top-level model_type / architectures / token ids, quantization_config (text_config, where
+// the release has it, or top level, where Hugging Face's loaded config repeats it) and
+// vision_config. `tc` is the text config object at `prefix`.
+void parse_release_fields(const json& root, const json& tc, const std::string& prefix, const std::string& src,
+                          K3Config& c) {
+  const bool nested = !prefix.empty();
+  if (root.contains("model_type") && !root.at("model_type").is_null()) {
+    c.model_type = get_string(root, "model_type", "model_type", src);
+    // kimi_k3: the release's wrapper; kimi_linear: a bare text config (its predecessor's type).
+    if (c.model_type != "kimi_k3" && c.model_type != "kimi_linear")
+      fail_input(src, "model_type", "\"" + c.model_type + "\" is not a K3 model (expected \"kimi_k3\")");
+  }
+  if (nested && tc.contains("model_type") && !tc.at("model_type").is_null()) {
+    const std::string t = get_string(tc, "model_type", prefix + "model_type", src);
+    if (t != "kimi_linear" && t != "kimi_k3")
+      fail_input(src, prefix + "model_type", "\"" + t + "\" is not K3's text model (expected \"kimi_linear\")");
+  }
+  if (root.contains("architectures") && !root.at("architectures").is_null()) {
+    const json& a = root.at("architectures");
+    if (!a.is_array() || a.empty())
+      fail_input(src, "architectures", "expected a non-empty array of class names, got " + shown(a));
+    for (const json& e : a) {
+      if (!e.is_string() || e.get<std::string>().empty())
+        fail_input(src, "architectures", "expected an array of class names, got " + shown(a));
+      c.architectures.push_back(e.get<std::string>());
+    }
+  }
+  auto token = [&](const char* key, int64_t& dst) {
+    for (const auto& [obj, where] : {std::pair<const json*, std::string>{&root, ""}, {&tc, prefix}}) {
+      if (!obj->contains(key) || obj->at(key).is_null()) continue;
+      const json& x = obj->at(key);
+      if (!x.is_number_integer())
+        fail_input(src, where + key, std::string("expected an integer token id, got ") + x.type_name() + " " + shown(x));
+      const int64_t id = x.get<int64_t>();
+      if (id < 0 || id >= c.vocab_size)
+        fail_input(src, where + key, "token id " + std::to_string(id) + " is outside the vocabulary 0.." +
+                                         std::to_string(c.vocab_size - 1));
+      if (dst >= 0 && dst != id)
+        fail_input(src, where + key, std::to_string(id) + " disagrees with the top-level " + key + " " + std::to_string(dst));
+      dst = id;
+    }
+  };
+  token("bos_token_id", c.bos_token_id);
+  token("eos_token_id", c.eos_token_id);
+  token("pad_token_id", c.pad_token_id);
+  token("media_placeholder_token_id", c.media_placeholder_token_id);
+
+  if (nested && tc.contains("quantization_config") && !tc.at("quantization_config").is_null())
+    parse_quantization(tc.at("quantization_config"), prefix + "quantization_config", src, c.quantization);
+  if (root.contains("quantization_config") && !root.at("quantization_config").is_null())
+    parse_quantization(root.at("quantization_config"), "quantization_config", src, c.quantization);
+  if (root.contains("vision_config") && !root.at("vision_config").is_null()) {
+    parse_vision(root.at("vision_config"), src, c.vision);
+    if (c.vision.text_hidden_size > 0 && c.vision.text_hidden_size != c.hidden_size)
+      fail_input(src, "vision_config.text_hidden_size",
+                 std::to_string(c.vision.text_hidden_size) + " differs from " + prefix + "hidden_size " +
+                     std::to_string(c.hidden_size));
+  }
+}
+
 K3Config parse_json(const json& root, const std::string& src) {
   if (!root.is_object()) fail_input(src, "", "expected a JSON object at the top level");
   FieldPaths paths;
@@ -259,6 +445,7 @@ K3Config parse_json(const json& root, const std::string& src) {
       if (!full.count(v)) c.kda_layers.push_back(v);
   }
   validate_impl(c, src, paths);
+  parse_release_fields(root, *tc, prefix, src, c);
   return c;
 }
 
@@ -323,8 +510,63 @@ std::string config_to_hf_json(const K3Config& c) {
       {"activation_situ_linear_beta", c.situ_linear_beta},
       {"max_position_embeddings", c.max_position_embeddings},
   };
-  json root = {{"model_type", "kimi_k3"}, {"text_config", tc}};
+  tc["model_type"] = "kimi_linear";
+  if (c.quantization.present) {
+    const K3Config::Quantization& q = c.quantization;
+    tc["quantization_config"] = {
+        {"config_groups",
+         {{"group_0",
+           {{"format", q.format},
+            {"input_activations", nullptr},
+            {"output_activations", nullptr},
+            {"targets", {"Linear"}},
+            {"weights",
+             {{"dynamic", false}, {"group_size", q.group_size}, {"num_bits", q.num_bits},
+              {"scale_dtype", "torch.uint8"}, {"strategy", "group"}, {"symmetric", true}, {"type", "float"}}}}}}},
+        {"format", q.format},
+        {"ignore", q.ignore},
+        {"quant_method", q.quant_method},
+        {"quantization_status", "compressed"},
+    };
+  }
+  json root = {
+      {"architectures", c.architectures.empty() ? std::vector<std::string>{"KimiK3ForConditionalGeneration"}
+                                                : c.architectures},
+      {"model_type", "kimi_k3"},
+      {"text_config", tc},
+      {"tie_word_embeddings", c.tie_word_embeddings},
+  };
+  for (const auto& [key, id] : {std::pair<const char*, int64_t>{"bos_token_id", c.bos_token_id},
+                                {"eos_token_id", c.eos_token_id},
+                                {"pad_token_id", c.pad_token_id},
+                                {"media_placeholder_token_id", c.media_placeholder_token_id}})
+    if (id >= 0) root[key] = id;
+  if (c.vision.present) {
+    const K3Config::Vision& v = c.vision;
+    json vj = {{"vt_num_hidden_layers", v.num_hidden_layers}, {"vt_hidden_size", v.hidden_size}};
+    for (const auto& [key, val] : {std::pair<const char*, int64_t>{"vt_intermediate_size", v.intermediate_size},
+                                   {"vt_num_attention_heads", v.num_attention_heads},
+                                   {"qkv_hidden_size", v.qkv_hidden_size},
+                                   {"patch_size", v.patch_size},
+                                   {"mm_hidden_size", v.mm_hidden_size},
+                                   {"text_hidden_size", v.text_hidden_size}})
+      if (val > 0) vj[key] = val;
+    if (!v.merge_kernel_size.empty()) vj["merge_kernel_size"] = v.merge_kernel_size;
+    if (!v.mm_projector_type.empty()) vj["mm_projector_type"] = v.mm_projector_type;
+    root["vision_config"] = vj;
+  }
   return root.dump(2) + "\n";
+}
+
+K3Config::Quantization release_mxfp4_quantization() {
+  K3Config::Quantization q;
+  q.present = true;
+  q.quant_method = "compressed-tensors";
+  q.format = "mxfp4-pack-quantized";
+  // Everything but the routed experts stays bf16 (the released config.json's ignore list).
+  q.ignore = {"re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+              "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"};
+  return q;
 }
 
 }  // namespace k3

@@ -1,6 +1,10 @@
 // K3 model configuration: parsed from a Hugging Face config.json (nested `text_config`
 // with `linear_attn_config`) or from the flat form used by the fixtures
 // (tests/data/k3-fixtures/ops/MANIFEST.json "config"). K3_REFERENCE section 1.
+// The released config.json also carries, and this parser checks: top-level `model_type`
+// "kimi_k3", `architectures`, the special token ids, `text_config.quantization_config`
+// (compressed-tensors mxfp4-pack-quantized, for the routed experts) and `vision_config`
+// (kept only to check and skip the vision tensors; k3cpp is text-only).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -42,6 +46,38 @@ struct K3Config {
   double situ_beta = 4.0, situ_linear_beta = 25.0;
   int64_t max_position_embeddings = 0;    // informational: no position encoding anywhere
 
+  // Released top-level fields. model_type "" for a bare text_config or the flat form.
+  std::string model_type;
+  std::vector<std::string> architectures;
+  // Special token ids (top level, else text_config); -1 when absent. Each < vocab_size.
+  int64_t bos_token_id = -1, eos_token_id = -1, pad_token_id = -1, media_placeholder_token_id = -1;
+
+  // `quantization_config` (compressed-tensors). Only MXFP4 weights (E2M1, one E8M0 scale
+  // per 32) are accepted: any other method, format, bit width or group size is refused.
+  struct Quantization {
+    bool present = false;
+    std::string quant_method;               // "compressed-tensors"
+    std::string format;                     // "mxfp4-pack-quantized"
+    int64_t num_bits = 4, group_size = 32;
+    std::vector<std::string> ignore;        // module patterns kept unquantised ("re:.*self_attn.*")
+  } quantization;
+
+  // `vision_config` (MoonViT, K3_REFERENCE section 11): what a text-only load needs to check
+  // the vision tensors it skips. 0 where the file does not give a value.
+  struct Vision {
+    bool present = false;
+    int64_t num_hidden_layers = 0;   // vt_num_hidden_layers
+    int64_t hidden_size = 0;         // vt_hidden_size
+    int64_t intermediate_size = 0;   // vt_intermediate_size
+    int64_t num_attention_heads = 0; // vt_num_attention_heads
+    int64_t qkv_hidden_size = 0;
+    int64_t patch_size = 0;
+    int64_t mm_hidden_size = 0;
+    int64_t text_hidden_size = 0;    // must equal hidden_size
+    std::vector<int64_t> merge_kernel_size;
+    std::string mm_projector_type;
+  } vision;
+
   // Derived helpers (0-based layer index).
   bool is_mla_layer(int64_t layer0) const;
   bool is_moe_layer(int64_t layer0) const { return layer0 >= first_k_dense_replace; }
@@ -53,7 +89,12 @@ K3Config load_config(const std::string& path);
 K3Config parse_config(const std::string& json_text, const std::string& source_name);
 // Validation alone (called by the parsers); `source` names the file in messages.
 void validate_config(const K3Config& c, const std::string& source);
-// Writes the Hugging Face nested form (what `k3cpp init` puts beside a checkpoint).
+// Writes the released nested form (what `k3cpp init` puts beside a checkpoint): top-level
+// architectures / model_type "kimi_k3" / token ids, text_config (model_type "kimi_linear",
+// with quantization_config when `c.quantization.present`), vision_config when present.
 std::string config_to_hf_json(const K3Config& c);
+// The release's quantization_config block (MXFP4 routed experts, everything else bf16), as
+// the released config.json states it.
+K3Config::Quantization release_mxfp4_quantization();
 
 }  // namespace k3

@@ -4,6 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/weight_mat.h"
+
 namespace k3 {
 
 // C[M,N] = alpha * op(A) op(B) + beta * C, row-major, lda/ldb/ldc are row strides.
@@ -16,11 +18,27 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
           const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
 
+// B as held (kernels/weight_mat.h): f32 as above; bf16 with M <= kGemvMaxRows through the
+// few-row tiles widening B in registers (the same order as f32: bitwise equal to the f32
+// product on the widened B), else panels of B widened to f32 (a few MB per panel, per thread
+// buffer) and multiplied by sgemm, so a prefill reads each weight once and converts it once.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+          const Mat& B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
+          const MatT<double>& B, int64_t ldb, double beta, double* C, int64_t ldc);
+
 // y[T, out] = x[T, in] W[out, in]^T  (accumulate: y += ...)
 template <typename T>
 void linear(T* y, const T* x, const T* W, int64_t rows, int64_t in, int64_t out, bool accumulate = false) {
   gemm(false, true, rows, out, in, T(1), x, in, W, in, accumulate ? T(1) : T(0), y, out);
 }
+template <typename T>
+void linear(T* y, const T* x, const MatT<T>& W, int64_t rows, int64_t in, int64_t out, bool accumulate = false) {
+  gemm(false, true, rows, out, in, T(1), x, in, W, in, accumulate ? T(1) : T(0), y, out);
+}
+// dst [n] = row `r` of a [rows, n] matrix as f32 (an embedding lookup).
+void mat_row(float* dst, const Mat& W, int64_t r, int64_t n);
+void mat_row(double* dst, const MatT<double>& W, int64_t r, int64_t n);
 
 // Backward of `linear`: dW += dy^T x (parameter gradients accumulate); dx = dy W, or
 // dx += dy W when accumulate_dx (several consumers of x).

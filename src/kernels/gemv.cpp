@@ -1,155 +1,152 @@
-// Few-row products (see gemv.h): AVX-512 tiles with a fixed per-element summation order.
+// Few-row products (see gemv.h): register tiles with a fixed per-element summation order,
+// compiled once per SIMD target (Highway dynamic dispatch).
 #include "kernels/gemv.h"
 
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-// GCC 12's AVX-512 intrinsics self-initialise an "undefined" operand (GCC PR 105593, fixed
-// in 12.3), which -Wuninitialized reports wherever they are inlined.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/gemv.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/cache_control.h"
+#include "hwy/highway.h"
+#include "kernels/simd/vec-inl.h"
 
+HWY_BEFORE_NAMESPACE();
 namespace k3 {
-
+namespace HWY_NAMESPACE {
 namespace {
-
-// Spread the N outputs over threads when the product is big enough to pay for a fork.
-bool split_threads(int64_t N, int64_t K) { return !omp_in_parallel() && omp_get_max_threads() > 1 && N * K >= 65536; }
 
 inline float finish(float s, float alpha, float beta, float c) { return beta == 0.f ? alpha * s : alpha * s + beta * c; }
 
-#if defined(__AVX512F__)
+constexpr int64_t kPrefetchBytes = 1024;  // ahead on each streamed row of B (decode)
 
-inline float hsum(__m512 v) {  // fixed pairwise order
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_movehdup_ps(q));
-  return _mm_cvtss_f32(q);
+// B elements as f32 lanes: f32 as is, bf16 widened in registers (a bf16 is the top half of an
+// f32); the tails read only their n elements.
+using DU32 = hn::RebindToUnsigned<DF>;
+using DU16 = hn::Rebind<uint16_t, DF>;
+HWY_INLINE VF LoadB(DF d, const float* p) { return hn::LoadU(d, p); }
+HWY_INLINE VF LoadB(DF d, const uint16_t* p) {
+  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(DU32(), hn::LoadU(DU16(), p))));
+}
+HWY_INLINE VF LoadBTail(DF d, const float* p, size_t n) { return LoadTail(d, p, n); }
+HWY_INLINE VF LoadBTail(DF d, const uint16_t* p, size_t n) {
+  HWY_ALIGN uint16_t buf[hn::MaxLanes(DF())] = {};
+  std::memcpy(buf, p, n * sizeof(uint16_t));
+  return LoadB(d, buf);
 }
 
-constexpr int64_t kPrefetch = 256;
-
 // op(B) = B^T: outputs [n0, n0 + R) of rows [m0, m0 + NX); lane j of each accumulator sums
-// k = j, j + 16, ... in order, the tail chunk masked (zeros).
-template <int R, int NX>
-void dot_tile(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t m0, int64_t n0,
-              int64_t K, float alpha, float beta) {
-  __m512 acc[R][NX];
-  #pragma GCC unroll 32
-  for (auto& a : acc)
-    #pragma GCC unroll 32
-    for (auto& v : a) v = _mm512_setzero_ps();
+// k = j, j + L, ... in order, the tail chunk zero-padded.
+template <int R, int NX, typename TB>
+HWY_INLINE void dot_tile(float* C, int64_t ldc, const float* A, int64_t lda, const TB* B, int64_t ldb, int64_t m0,
+                         int64_t n0, int64_t K, float alpha, float beta) {
+  constexpr int64_t kPrefetch = kPrefetchBytes / int64_t(sizeof(TB));
+  const DF d;
+  const int64_t L = int64_t(hn::Lanes(d));
+  VF acc[R][NX];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < NX; ++i) acc[r][i] = hn::Zero(d);
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
+  for (; k + L <= K; k += L) {
     if (NX == 1)  // decode: pure streaming; request each row's line kPrefetch floats ahead
-#pragma GCC unroll 32
-      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(B + (n0 + r) * ldb + k + kPrefetch), _MM_HINT_T0);
-    __m512 x[NX];
-    #pragma GCC unroll 32
-    for (int i = 0; i < NX; ++i) x[i] = _mm512_loadu_ps(A + (m0 + i) * lda + k);
-    #pragma GCC unroll 32
+      for (int r = 0; r < R; ++r) hwy::Prefetch(B + (n0 + r) * ldb + k + kPrefetch);
+    VF x[NX];
+    for (int i = 0; i < NX; ++i) x[i] = hn::LoadU(d, A + (m0 + i) * lda + k);
     for (int r = 0; r < R; ++r) {
-      const __m512 w = _mm512_loadu_ps(B + (n0 + r) * ldb + k);
-      #pragma GCC unroll 32
-      for (int i = 0; i < NX; ++i) acc[r][i] = _mm512_fmadd_ps(w, x[i], acc[r][i]);
+      const VF w = LoadB(d, B + (n0 + r) * ldb + k);
+      for (int i = 0; i < NX; ++i) acc[r][i] = hn::MulAdd(w, x[i], acc[r][i]);
     }
   }
   if (k < K) {
-    const __mmask16 m = __mmask16((1u << (K - k)) - 1);
-    __m512 x[NX];
-    #pragma GCC unroll 32
-    for (int i = 0; i < NX; ++i) x[i] = _mm512_maskz_loadu_ps(m, A + (m0 + i) * lda + k);
-    #pragma GCC unroll 32
+    const size_t left = size_t(K - k);
+    VF x[NX];
+    for (int i = 0; i < NX; ++i) x[i] = LoadTail(d, A + (m0 + i) * lda + k, left);
     for (int r = 0; r < R; ++r) {
-      const __m512 w = _mm512_maskz_loadu_ps(m, B + (n0 + r) * ldb + k);
-      #pragma GCC unroll 32
-      for (int i = 0; i < NX; ++i) acc[r][i] = _mm512_fmadd_ps(w, x[i], acc[r][i]);
+      const VF w = LoadBTail(d, B + (n0 + r) * ldb + k, left);
+      for (int i = 0; i < NX; ++i) acc[r][i] = hn::MulAdd(w, x[i], acc[r][i]);
     }
   }
-  #pragma GCC unroll 32
   for (int i = 0; i < NX; ++i)
-    #pragma GCC unroll 32
     for (int r = 0; r < R; ++r) {
       float& c = C[(m0 + i) * ldc + n0 + r];
-      c = finish(hsum(acc[r][i]), alpha, beta, c);
+      c = finish(HSum(d, acc[r][i]), alpha, beta, c);
     }
 }
 
-// Output rows [n_begin, n_end) for rows [m0, m0 + NX).
-template <int NX>
-void dot_rows(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t m0,
+// Output rows [n_begin, n_end) for rows [m0, m0 + NX). R x NX accumulators take half the
+// register file (at most 8 rows of B at once).
+template <int NX, typename TB>
+void dot_rows(float* C, int64_t ldc, const float* A, int64_t lda, const TB* B, int64_t ldb, int64_t m0,
               int64_t n_begin, int64_t n_end, int64_t K, float alpha, float beta) {
-  constexpr int R = NX <= 2 ? 8 : 16 / NX;
+  constexpr int R = std::max(1, std::min(8, kVecRegs / 2 / NX));
   int64_t n = n_begin;
-  for (; n + R <= n_end; n += R) dot_tile<R, NX>(C, ldc, A, lda, B, ldb, m0, n, K, alpha, beta);
-  for (; n < n_end; ++n) dot_tile<1, NX>(C, ldc, A, lda, B, ldb, m0, n, K, alpha, beta);
+  for (; n + R <= n_end; n += R) dot_tile<R, NX, TB>(C, ldc, A, lda, B, ldb, m0, n, K, alpha, beta);
+  for (; n < n_end; ++n) dot_tile<1, NX, TB>(C, ldc, A, lda, B, ldb, m0, n, K, alpha, beta);
 }
 
-// op(B) = B: columns [n0, n0 + 16 NV) (the last vector masked) of rows [m0, m0 + NX); each
-// element one sequential sum over k.
-template <int NV, int NX>
-void axpy_tile(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t m0, int64_t n0,
-               int64_t K, float alpha, float beta, __mmask16 last) {
-  __m512 acc[NX][NV];
-  #pragma GCC unroll 32
-  for (auto& a : acc)
-    #pragma GCC unroll 32
-    for (auto& v : a) v = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
-    __m512 b[NV];
-    #pragma GCC unroll 32
-    for (int v = 0; v < NV; ++v)
-      b[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(last, B + k * ldb + n0 + 16 * v) : _mm512_loadu_ps(B + k * ldb + n0 + 16 * v);
-    #pragma GCC unroll 32
-    for (int i = 0; i < NX; ++i) {
-      const __m512 a = _mm512_set1_ps(A[(m0 + i) * lda + k]);
-      #pragma GCC unroll 32
-      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(a, b[v], acc[i][v]);
-    }
-  }
-  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
-  #pragma GCC unroll 32
+// op(B) = B: columns [n0, n0 + L NV) of rows [m0, m0 + NX) (the last vector `last` wide);
+// each element one sequential sum over k.
+template <int NV, int NX, typename TB>
+HWY_INLINE void axpy_tile(float* C, int64_t ldc, const float* A, int64_t lda, const TB* B, int64_t ldb, int64_t m0,
+                          int64_t n0, int64_t K, float alpha, float beta, size_t last) {
+  const DF d;
+  const size_t L = hn::Lanes(d);
+  VF acc[NX][NV];
   for (int i = 0; i < NX; ++i)
-    #pragma GCC unroll 32
+    for (int v = 0; v < NV; ++v) acc[i][v] = hn::Zero(d);
+  for (int64_t k = 0; k < K; ++k) {
+    VF b[NV];
     for (int v = 0; v < NV; ++v) {
-      float* c = C + (m0 + i) * ldc + n0 + 16 * v;
-      const __mmask16 m = v == NV - 1 ? last : __mmask16(0xffff);
-      __m512 r = _mm512_mul_ps(va, acc[i][v]);
-      if (beta != 0.f) r = _mm512_add_ps(r, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(m, c)));
-      _mm512_mask_storeu_ps(c, m, r);
+      const TB* p = B + k * ldb + n0 + int64_t(L) * v;
+      b[v] = (v == NV - 1 && last < L) ? LoadBTail(d, p, last) : LoadB(d, p);
+    }
+    for (int i = 0; i < NX; ++i) {
+      const VF a = hn::Set(d, A[(m0 + i) * lda + k]);
+      for (int v = 0; v < NV; ++v) acc[i][v] = hn::MulAdd(a, b[v], acc[i][v]);
+    }
+  }
+  const VF va = hn::Set(d, alpha), vb = hn::Set(d, beta);
+  for (int i = 0; i < NX; ++i)
+    for (int v = 0; v < NV; ++v) {
+      float* c = C + (m0 + i) * ldc + n0 + int64_t(L) * v;
+      const bool tail = v == NV - 1 && last < L;
+      VF r = hn::Mul(va, acc[i][v]);
+      if (beta != 0.f) r = hn::MulAdd(vb, tail ? LoadTail(d, c, last) : hn::LoadU(d, c), r);
+      if (tail)
+        StoreTail(d, r, c, last);
+      else
+        hn::StoreU(r, d, c);
     }
 }
 
-template <int NX>
-void axpy_cols(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t m0,
+template <int NX, typename TB>
+void axpy_cols(float* C, int64_t ldc, const float* A, int64_t lda, const TB* B, int64_t ldb, int64_t m0,
                int64_t n_begin, int64_t n_end, int64_t K, float alpha, float beta) {
-  constexpr int NV = NX == 1 ? 8 : 16 / NX;
+  constexpr int NV = std::max(1, NX == 1 ? kVecRegs / 4 : kVecRegs / 2 / NX);
+  const int64_t L = int64_t(hn::Lanes(DF()));
   int64_t n = n_begin;
-  for (; n + 16 * NV <= n_end; n += 16 * NV)
-    axpy_tile<NV, NX>(C, ldc, A, lda, B, ldb, m0, n, K, alpha, beta, 0xffff);
-  for (; n < n_end; n += 16) {
-    const int64_t w = std::min<int64_t>(16, n_end - n);
-    axpy_tile<1, NX>(C, ldc, A, lda, B, ldb, m0, n, K, alpha, beta, __mmask16(w == 16 ? 0xffffu : (1u << w) - 1));
-  }
+  for (; n + L * NV <= n_end; n += L * NV)
+    axpy_tile<NV, NX, TB>(C, ldc, A, lda, B, ldb, m0, n, K, alpha, beta, size_t(L));
+  for (; n < n_end; n += L)
+    axpy_tile<1, NX, TB>(C, ldc, A, lda, B, ldb, m0, n, K, alpha, beta, size_t(std::min<int64_t>(L, n_end - n)));
 }
 
 // All M rows (blocks of 8, 4, 2, 1) for outputs [n_begin, n_end).
-void rows_range(bool tb, float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t M,
+template <typename TB>
+void rows_range(bool tb, float* C, int64_t ldc, const float* A, int64_t lda, const TB* B, int64_t ldb, int64_t M,
                 int64_t n_begin, int64_t n_end, int64_t K, float alpha, float beta) {
   for (int64_t m = 0; m < M;) {
     const int64_t left = M - m;
     const int nx = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
 #define K3_ROWS(NX)                                                                      \
-  (tb ? dot_rows<NX>(C, ldc, A, lda, B, ldb, m, n_begin, n_end, K, alpha, beta)          \
-      : axpy_cols<NX>(C, ldc, A, lda, B, ldb, m, n_begin, n_end, K, alpha, beta))
+  (tb ? dot_rows<NX, TB>(C, ldc, A, lda, B, ldb, m, n_begin, n_end, K, alpha, beta)      \
+      : axpy_cols<NX, TB>(C, ldc, A, lda, B, ldb, m, n_begin, n_end, K, alpha, beta))
     switch (nx) {
       case 8: K3_ROWS(8); break;
       case 4: K3_ROWS(4); break;
@@ -161,34 +158,45 @@ void rows_range(bool tb, float* C, int64_t ldc, const float* A, int64_t lda, con
   }
 }
 
-#else  // portable: the same orders in scalar code
-
-void rows_range(bool tb, float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t M,
-                int64_t n_begin, int64_t n_end, int64_t K, float alpha, float beta) {
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = n_begin; n < n_end; ++n) {
-      float s;
-      if (tb) {
-        float lane[16] = {};
-        for (int64_t k = 0; k < K; ++k) lane[k % 16] += B[n * ldb + k] * A[m * lda + k];
-        for (int w = 8; w >= 1; w /= 2)
-          for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
-        s = lane[0];
-      } else {
-        s = 0.f;
-        for (int64_t k = 0; k < K; ++k) s += A[m * lda + k] * B[k * ldb + n];
-      }
-      float& c = C[m * ldc + n];
-      c = finish(s, alpha, beta, c);
-    }
-}
-
-#endif
-
 }  // namespace
 
-void gemm_few_rows(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+void RowsRange(bool tb, float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t M,
+               int64_t n_begin, int64_t n_end, int64_t K, float alpha, float beta) {
+  rows_range(tb, C, ldc, A, lda, B, ldb, M, n_begin, n_end, K, alpha, beta);
+}
+void RowsRangeBf16(bool tb, float* C, int64_t ldc, const float* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                   int64_t M, int64_t n_begin, int64_t n_end, int64_t K, float alpha, float beta) {
+  rows_range(tb, C, ldc, A, lda, B, ldb, M, n_begin, n_end, K, alpha, beta);
+}
+
+// dst [n] = the bf16 values src [n] as f32 (exact).
+void WidenBf16(float* HWY_RESTRICT dst, const uint16_t* HWY_RESTRICT src, int64_t n) {
+  const DF d;
+  const size_t L = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + L <= size_t(n); i += L) hn::StoreU(LoadB(d, src + i), d, dst + i);
+  if (i < size_t(n)) StoreTail(d, LoadBTail(d, src + i, size_t(n) - i), dst + i, size_t(n) - i);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace k3
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace k3 {
+
+HWY_EXPORT(RowsRange);
+HWY_EXPORT(RowsRangeBf16);
+HWY_EXPORT(WidenBf16);
+
+namespace {
+
+// Spread the N outputs over threads when the product is big enough to pay for a fork.
+bool split_threads(int64_t N, int64_t K) { return !omp_in_parallel() && omp_get_max_threads() > 1 && N * K >= 65536; }
+
+template <typename TB, typename Fn>
+void few_rows(Fn rows_range, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+              int64_t lda, const TB* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   K3_ASSERT(M >= 0 && N >= 0 && K >= 0, "gemm_few_rows: negative dimension");
   if (M == 0 || N == 0) return;
   if (K == 0) {  // C = beta C (BLAS: beta = 0 clears)
@@ -220,6 +228,20 @@ void gemm_few_rows(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
   }
 }
 
+}  // namespace
+
+void gemm_few_rows(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  few_rows(HWY_DYNAMIC_DISPATCH(RowsRange), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm_few_rows_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                        const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  few_rows(HWY_DYNAMIC_DISPATCH(RowsRangeBf16), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void widen_bf16(float* dst, const uint16_t* src, int64_t n) { HWY_DYNAMIC_DISPATCH(WidenBf16)(dst, src, n); }
+
 template <typename T>
 void gemm_few_rows_reference(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
                              const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
@@ -239,3 +261,4 @@ template void gemm_few_rows_reference<double>(bool, bool, int64_t, int64_t, int6
                                               const double*, int64_t, double, double*, int64_t);
 
 }  // namespace k3
+#endif  // HWY_ONCE

@@ -13,9 +13,6 @@
 #include "core/tensor.h"
 #include "kernels/kda_fast_impl.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace k3 {
 namespace kda_fast {
@@ -87,63 +84,6 @@ void Scratch::carve(const Geom& g) {
   dbeta = tf(C);
   ha = th(HA), hb1 = th(HB), hb2 = th(HB), hY = th(CK + 2 * Kp), hXQ = th(2 * CK + 2 * Kp);
   K3_ASSERT(size_t(p - mem.as<char>()) <= mem.bytes(), "kda fast: scratch carve overflow");
-}
-
-// ---------------------------------------------------------------------------------------
-// exp
-
-#if defined(__AVX512F__)
-static inline __m512 exp512(__m512 x) {
-  // e^x = 2^n e^r, n = round(x log2 e), |r| <= ln2/2; degree-7 Taylor for e^r (error < 1 ulp).
-  const __m512 under = _mm512_set1_ps(-88.0f);
-  // (maskz forms: GCC 12 warns about the undefined pass-through of the plain intrinsics)
-  x = _mm512_maskz_min_ps(0xffff, _mm512_set1_ps(89.0f), x);  // keeps NaN; > 88.72 overflows below
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, under, _CMP_GE_OQ) | _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  const __m512 n = _mm512_maskz_roundscale_ps(0xffff, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_maskz_scalef_ps(keep, p, n);
-}
-#endif
-
-void vexp(float* dst, const float* src, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, exp512(_mm512_loadu_ps(src + i)));
-  if (i < n) {
-    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(dst + i, m, exp512(_mm512_maskz_loadu_ps(m, src + i)));
-  }
-  return;
-#endif
-  for (; i < n; ++i) dst[i] = std::exp(src[i]);
-}
-
-void store_row(float* __restrict dst, const float* __restrict src, int64_t n, float alpha, bool stream) {
-#if defined(__AVX512F__)
-  if (stream && (reinterpret_cast<uintptr_t>(dst) & 63) == 0 && n % 16 == 0) {
-    const __m512 a = _mm512_set1_ps(alpha);
-    for (int64_t i = 0; i < n; i += 16) _mm512_stream_ps(dst + i, _mm512_mul_ps(a, _mm512_loadu_ps(src + i)));
-    return;
-  }
-#endif
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) dst[i] = alpha * src[i];
-}
-
-void store_fence() {
-#if defined(__SSE__)
-  _mm_sfence();
-#endif
 }
 
 // ---------------------------------------------------------------------------------------
@@ -231,34 +171,7 @@ void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, cons
     // K E, Q E, K e^(G_last - G);  anchored X = K e^(G - G_r), Qx = Q e^(G - G_r), Y = K e^(G_c - G)
     float *Ke = s.KQe + i * Kp, *Qe = s.KQe + (C + i) * Kp, *Kd = s.Kd + i * Kp;
     float *X = s.XQ + (I * 2 * kTile + il) * Kp, *Qx = X + kTile * Kp, *Y = s.Y + i * Kp;
-#if defined(__AVX512F__)
-    for (int64_t c = 0; c < Kp; c += 16) {  // Kp is a multiple of 16
-      const __m512 g = _mm512_loadu_ps(Gi + c), kk = _mm512_loadu_ps(Ki + c), qq = _mm512_loadu_ps(Qi + c);
-      const __m512 e = exp512(g), edl = exp512(_mm512_sub_ps(_mm512_loadu_ps(Gl + c), g));
-      const __m512 ex = Gr ? exp512(_mm512_sub_ps(g, _mm512_loadu_ps(Gr + c))) : e;
-      const __m512 ey = exp512(_mm512_sub_ps(_mm512_loadu_ps(Gc + c), g));
-      _mm512_storeu_ps(Ke + c, _mm512_mul_ps(kk, e));
-      _mm512_storeu_ps(Qe + c, _mm512_mul_ps(qq, e));
-      _mm512_storeu_ps(Kd + c, _mm512_mul_ps(kk, edl));
-      _mm512_storeu_ps(X + c, _mm512_mul_ps(kk, ex));
-      _mm512_storeu_ps(Qx + c, _mm512_mul_ps(qq, ex));
-      _mm512_storeu_ps(Y + c, _mm512_mul_ps(kk, ey));
-      if (keep_factors) {
-        _mm512_storeu_ps(E + c, e);
-        _mm512_storeu_ps(Edl + c, edl);
-        _mm512_storeu_ps(Ex + c, ex);
-        _mm512_storeu_ps(Ey + c, ey);
-      }
-    }
-#else
-    for (int64_t c = 0; c < Kp; ++c) {
-      const float e = std::exp(Gi[c]), edl = std::exp(Gl[c] - Gi[c]), ex = Gr ? std::exp(Gi[c] - Gr[c]) : e,
-                  ey = std::exp(Gc[c] - Gi[c]);
-      Ke[c] = Ki[c] * e, Qe[c] = Qi[c] * e, Kd[c] = Ki[c] * edl;
-      X[c] = Ki[c] * ex, Qx[c] = Qi[c] * ex, Y[c] = Ki[c] * ey;
-      if (keep_factors) E[c] = e, Edl[c] = edl, Ex[c] = ex, Ey[c] = ey;
-    }
-#endif
+    prep_row(Gi, Ki, Qi, Gl, Gr, Gc, Ke, Qe, Kd, X, Qx, Y, E, Edl, Ex, Ey, Kp);
   }
 }
 
@@ -336,60 +249,9 @@ void intra_chunk(const Geom& gm, Scratch& s) {
   }
 }
 
-namespace {
-
-#if defined(__AVX512F__)
-// Forward substitution with row i of Linv held in NV zmm registers (C = 16 NV columns).
-template <int NV>
-void ut_rows(float* Linv, const float* Akk, const float* beta, int64_t C) {
-  for (int64_t i = 0; i < C; ++i) {
-    __m512 row[NV];
-    for (int w = 0; w < NV; ++w) row[w] = _mm512_setzero_ps();
-    const float bi = -beta[i];
-    // row_i = e_i - beta_i sum_{j<i} Akk[i,j] row_j; row_j is zero beyond column j, so only
-    // its first j/16 + 1 vectors are read.
-    for (int64_t j = 0; j < i; ++j) {
-      const __m512 c = _mm512_set1_ps(bi * Akk[i * C + j]);
-      const float* rj = Linv + j * C;
-      const int wmax = int(j / 16);
-      for (int w = 0; w < NV; ++w)
-        if (w <= wmax) row[w] = _mm512_fmadd_ps(c, _mm512_loadu_ps(rj + 16 * w), row[w]);
-    }
-    for (int w = 0; w < NV; ++w) _mm512_storeu_ps(Linv + i * C + 16 * w, row[w]);
-    Linv[i * C + i] = 1.f;
-  }
-}
-#endif
-
-}  // namespace
-
 void ut_transform(const Geom& gm, Scratch& s, const float* Akk) {
   const int64_t C = gm.C;
-#if defined(__AVX512F__)
-  switch (C / 16) {
-    case 1: ut_rows<1>(s.Linv, Akk, s.beta, C); break;
-    case 2: ut_rows<2>(s.Linv, Akk, s.beta, C); break;
-    case 3: ut_rows<3>(s.Linv, Akk, s.beta, C); break;
-    case 4: ut_rows<4>(s.Linv, Akk, s.beta, C); break;
-    case 5: ut_rows<5>(s.Linv, Akk, s.beta, C); break;
-    case 6: ut_rows<6>(s.Linv, Akk, s.beta, C); break;
-    case 7: ut_rows<7>(s.Linv, Akk, s.beta, C); break;
-    default: ut_rows<8>(s.Linv, Akk, s.beta, C); break;
-  }
-#else
-  std::memset(s.Linv, 0, size_t(C * C) * 4);
-  for (int64_t i = 0; i < C; ++i) {
-    float* row = s.Linv + i * C;
-    row[i] = 1.f;
-    const float bi = s.beta[i];
-    // row_i = e_i - beta_i sum_{j<i} Akk[i,j] row_j   (rows j are zero beyond column j)
-    for (int64_t j = 0; j < i; ++j) {
-      const float c = -bi * Akk[i * C + j];
-      const float* rj = s.Linv + j * C;
-      for (int64_t m = 0; m <= j; ++m) row[m] += c * rj[m];
-    }
-  }
-#endif
+  ut_rows(s.Linv, Akk, s.beta, C);
   for (int64_t i = 0; i < C; ++i)
 #pragma omp simd
     for (int64_t m = 0; m < C; ++m) s.Tm[i * C + m] = s.Linv[i * C + m] * s.beta[m];

@@ -11,9 +11,6 @@
 #include "core/error.h"
 #include "kernels/kda_fast_impl.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 namespace k3 {
 namespace kda_fast {
@@ -114,85 +111,13 @@ namespace {
 
 constexpr int64_t kDecodeMax = 1024;
 
-#if defined(__AVX512F__)
-// One head, columns [j0, j0 + 16*NV) (masks for a ragged tail). Pass 1 reads each row of S
-// once for u and p; pass 2 rewrites it.
-template <int NV>
-void decode_cols(float* o, float* S, const float* q, const float* k, const float* v, const float* a, float b,
-                 float qk, float sc, int64_t Dk, int64_t Dv, int64_t j0) {
-  __mmask16 m[NV];
-  for (int w = 0; w < NV; ++w) {
-    const int64_t left = Dv - j0 - 16 * w;
-    m[w] = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-  }
-  __m512 u[NV], p[NV];
-  for (int w = 0; w < NV; ++w) u[w] = p[w] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < Dk; ++d) {
-    const float* row = S + d * Dv + j0;
-    const __m512 ak = _mm512_set1_ps(a[d] * k[d]), aq = _mm512_set1_ps(a[d] * q[d]);
-    for (int w = 0; w < NV; ++w) {
-      const __m512 x = _mm512_maskz_loadu_ps(m[w], row + 16 * w);
-      u[w] = _mm512_fmadd_ps(ak, x, u[w]);
-      p[w] = _mm512_fmadd_ps(aq, x, p[w]);
-    }
-  }
-  // d = beta (v - u);  o = scale (p + (q.k) d)
-  __m512 dl[NV];
-  for (int w = 0; w < NV; ++w) {
-    dl[w] = _mm512_mul_ps(_mm512_set1_ps(b), _mm512_sub_ps(_mm512_maskz_loadu_ps(m[w], v + j0 + 16 * w), u[w]));
-    const __m512 ow = _mm512_mul_ps(_mm512_set1_ps(sc), _mm512_fmadd_ps(_mm512_set1_ps(qk), dl[w], p[w]));
-    _mm512_mask_storeu_ps(o + j0 + 16 * w, m[w], ow);
-  }
-  // S = diag(a) S + k d^T
-  for (int64_t d = 0; d < Dk; ++d) {
-    float* row = S + d * Dv + j0;
-    const __m512 ad = _mm512_set1_ps(a[d]), kd = _mm512_set1_ps(k[d]);
-    for (int w = 0; w < NV; ++w) {
-      const __m512 x = _mm512_maskz_loadu_ps(m[w], row + 16 * w);
-      _mm512_mask_storeu_ps(row + 16 * w, m[w], _mm512_fmadd_ps(kd, dl[w], _mm512_mul_ps(ad, x)));
-    }
-  }
-}
-#endif
-
 void decode_head(float* o, float* S, const float* q, const float* k, const float* v, const float* g, float b,
                  int64_t Dk, int64_t Dv, float sc) {
   float a[kDecodeMax];
   kda_fast::vexp(a, g, Dk);
   float qk = 0;
   for (int64_t d = 0; d < Dk; ++d) qk += q[d] * k[d];
-#if defined(__AVX512F__)
-  // Column blocks of up to 128 keep u, p (and then d) in 16 zmm registers.
-  for (int64_t j0 = 0; j0 < Dv; j0 += 128) {
-    switch (std::min<int64_t>(8, (Dv - j0 + 15) / 16)) {
-      case 1: decode_cols<1>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
-      case 2: decode_cols<2>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
-      case 3: decode_cols<3>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
-      case 4: decode_cols<4>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
-      case 5: decode_cols<5>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
-      case 6: decode_cols<6>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
-      case 7: decode_cols<7>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
-      default: decode_cols<8>(o, S, q, k, v, a, b, qk, sc, Dk, Dv, j0); break;
-    }
-  }
-#else
-  float u[kDecodeMax], p[kDecodeMax];
-  std::fill(u, u + Dv, 0.f);
-  std::fill(p, p + Dv, 0.f);
-  for (int64_t d = 0; d < Dk; ++d) {
-    const float ak = a[d] * k[d], aq = a[d] * q[d];
-    for (int64_t j = 0; j < Dv; ++j) {
-      u[j] += ak * S[d * Dv + j];
-      p[j] += aq * S[d * Dv + j];
-    }
-  }
-  for (int64_t j = 0; j < Dv; ++j) {
-    u[j] = b * (v[j] - u[j]);
-    o[j] = sc * (p[j] + qk * u[j]);
-  }
-  for (int64_t d = 0; d < Dk; ++d)
-    for (int64_t j = 0; j < Dv; ++j) S[d * Dv + j] = a[d] * S[d * Dv + j] + k[d] * u[j];
-#endif
+  kda_fast::decode_head_update(o, S, q, k, v, a, b, qk, sc, Dk, Dv);
 }
 
 }  // namespace

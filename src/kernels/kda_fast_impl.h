@@ -116,7 +116,8 @@ struct KDAWorkspace::Impl {
 
 namespace k3::kda_fast {
 
-// dst[i] = e^src[i] (AVX-512 where present; inf above ~88.7, 0 below -88, NaN kept).
+// The vector pieces, one copy per SIMD target (kda_fast_simd.cpp).
+// dst[i] = e^src[i] (inf above ~88.7, 0 below -88, NaN kept).
 void vexp(float* dst, const float* src, int64_t n);
 // dst[i] = alpha * src[i], n values (vector stores: the token-major outputs are strided rows);
 // stream: non-temporal stores where dst is 64-byte aligned (no read-for-ownership of lines that
@@ -124,6 +125,17 @@ void vexp(float* dst, const float* src, int64_t n);
 void store_row(float* __restrict dst, const float* __restrict src, int64_t n, float alpha = 1.f,
                bool stream = false);
 void store_fence();
+// One row of prep_chunk's decay factors (see prep_chunk); E, Edl, Ex, Ey null unless kept;
+// Gr null means the chunk start (factor e^G). Kp a multiple of 16.
+void prep_row(const float* Gi, const float* Ki, const float* Qi, const float* Gl, const float* Gr, const float* Gc,
+              float* Ke, float* Qe, float* Kd, float* X, float* Qx, float* Y, float* E, float* Edl, float* Ex,
+              float* Ey, int64_t Kp);
+// Linv [C, C] = (I + diag(beta) Akk)^-1 by forward substitution (Akk strictly lower).
+void ut_rows(float* Linv, const float* Akk, const float* beta, int64_t C);
+// The decode step of one head given a = e^g and q.k: o = scale (S^T (a o q) + (q.k) d) with
+// d = beta (v - S^T (a o k)), then S = diag(a) S + k d^T (S [Dk, Dv] updated in place).
+void decode_head_update(float* o, float* S, const float* q, const float* k, const float* v, const float* a, float b,
+                        float qk, float sc, int64_t Dk, int64_t Dv);
 // Prefetch n floats starting at p into cache.
 inline void prefetch_floats(const float* p, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 2);

@@ -11,7 +11,7 @@
 //          B "VNNI"-packed bf16: B(k, n) = Bp[(k/2)*2*ldb + 2n + (k&1)] (ldb = packed row
 //          width in columns); K is rounded up to even, the pad row must hold zeros
 //          (pack_vnni writes it). Products are exact in f32; sums are f32 (AVX512-BF16
-//          vdpbf16ps where the CPU has it, else the same arithmetic in scalar code).
+//          vdpbf16ps where the CPU has it, else the same arithmetic widened in registers).
 // N must be a multiple of 16. colscale may be null (all ones). tri describes A:
 //   Lower: A(i, k) = 0 for k > i, Upper: A(i, k) = 0 for k < i; the kernel skips the whole
 //   k-steps that hold only zeros for a block of rows (the skipped part is never read, but
@@ -45,7 +45,7 @@ void to_bf16_t(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_
 // B operand from a k-major source, B(k, n) = src[k*lds + n]: VNNI layout above with ldb = ldd;
 // writes ceil(K/2) pair-rows (a zero pad row when K is odd).
 void pack_vnni(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t K, int64_t N);
-// The same from a 16 x 16 block transpose network where AVX-512 is present; the *_ref
+// The same through a register transpose (f32) then the row conversion; the *_ref
 // versions below are the plain loops (tests compare).
 // B operand from an n-major source, B(k, n) = src[n*lds + k] * kscale[k] (kscale may be null).
 void pack_vnni_t(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, int64_t K, int64_t N,
@@ -61,7 +61,8 @@ void pack_vnni_t_ref(uint16_t* dst, int64_t ldd, const float* src, int64_t lds, 
 void transpose_f32_ref(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols,
                        const float* colscale = nullptr);
 
-// Whether mm_bf16 runs on AVX512-BF16 instructions in this build.
+// Whether mm_bf16 runs on AVX512-BF16 instructions now (the CPU has them and AVX-512 is not
+// disabled by a forced lower SIMD target); otherwise bf16 is widened in registers.
 bool mm_bf16_native();
 
 }  // namespace k3

@@ -1,118 +1,150 @@
-// Products with MXFP4 weight matrices: fused-decode linear and dequantisation, AVX-512 paths
-// and plain references (see mxfp4_linear.h).
+// Products with MXFP4 weight matrices: fused-decode linear and dequantisation, compiled once
+// per SIMD target (Highway), and plain references (see mxfp4_linear.h).
 #include "kernels/mxfp4_linear.h"
 
 #include <algorithm>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-// GCC 12's AVX-512 intrinsics self-initialise an "undefined" operand (GCC PR 105593, fixed
-// in 12.3), which -Wuninitialized reports wherever they are inlined.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 #include "core/dtype.h"
 #include "core/error.h"
 
-namespace k3 {
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/mxfp4_linear.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/cache_control.h"
+#include "hwy/highway.h"
+#include "kernels/simd/vec-inl.h"
 
+HWY_BEFORE_NAMESPACE();
+namespace k3 {
+namespace HWY_NAMESPACE {
 namespace {
 
-void check_shape(int64_t in) { K3_ASSERT(in > 0 && in % 32 == 0, "mxfp4: the input width must be a multiple of 32"); }
+using DU8 = hn::Rebind<uint8_t, DI>;  // L bytes, widened to L int32 lanes
 
-#if defined(__AVX512F__)
-
-// The E8M0 scales of one row as floats, 16 at a time: 2^(s-127), s = 0 the subnormal 2^-127,
-// s = 255 NaN (e8m0_to_f32, core/dtype.h).
-void decode_scales(float* dst, const uint8_t* s, int64_t n) {
-  const __m512i quiet = _mm512_set1_epi32(0x00400000);
-  int64_t g = 0;
-  for (; g + 16 <= n; g += 16) {
-    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g)));
-    const __mmask16 edge = _mm512_cmpeq_epi32_mask(v, _mm512_setzero_si512()) |
-                           _mm512_cmpeq_epi32_mask(v, _mm512_set1_epi32(255));
-    const __m512i bits = _mm512_mask_or_epi32(_mm512_slli_epi32(v, 23), edge, _mm512_slli_epi32(v, 23), quiet);
-    _mm512_storeu_ps(dst + g, _mm512_castsi512_ps(bits));
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// The signed table times the scale; the code indexes it directly.
+struct Lut {
+  VF v;
+  Lut() = default;
+  explicit Lut(DF d, float scale) : v(hn::Mul(hn::LoadU(d, kE2M1), hn::Set(d, scale))) {}
+  HWY_INLINE VF decode(DF d, hn::Vec<DI> c) const {
+    return hn::TableLookupLanes(v, hn::IndicesFromVec(d, hn::And(c, hn::Set(DI(), 15))));
   }
-  for (; g < n; ++g) dst[g] = e8m0_to_f32(s[g]);
-}
-
-float hsum(__m512 v) {
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_movehdup_ps(q));
-  return _mm_cvtss_f32(q);
-}
-
-// One 32-group of a row: the 16 even (low nibble) and 16 odd (high nibble) weights.
-inline void decode_group(__m512& even, __m512& odd, const uint8_t* p, __m512 lut_scaled) {
-  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  even = _mm512_permutexvar_ps(b, lut_scaled);  // vpermps reads the index's low 4 bits
-  odd = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut_scaled);
-}
-
-// x rows [nt, in] -> xs [nt, in/32, 2, 16]: per 32-group the even then the odd elements.
-void split_even_odd(float* xs, const float* x, int64_t nt, int64_t in) {
-  const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  for (int64_t i = 0; i < nt * in; i += 32) {
-    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
-    _mm512_storeu_ps(xs + i, _mm512_permutex2var_ps(a, ev, b));
-    _mm512_storeu_ps(xs + i + 16, _mm512_permutex2var_ps(a, od, b));
+};
+#elif HWY_TARGET == HWY_AVX2
+// The 8 magnitudes times the scale; the code's bit 3 is the sign. A NaN scale (E8M0 255) makes
+// every value that NaN, as value * scale does, so its sign is not flipped.
+struct Lut {
+  VF v;
+  bool nan = false;
+  Lut() = default;
+  explicit Lut(DF d, float scale) : v(hn::Mul(hn::LoadU(d, kE2M1), hn::Set(d, scale))), nan(scale != scale) {}
+  HWY_INLINE VF decode(DF d, hn::Vec<DI> c) const {
+    const DI di;
+    const VF mag = hn::TableLookupLanes(v, hn::IndicesFromVec(d, hn::And(c, hn::Set(di, 7))));
+    if (HWY_UNLIKELY(nan)) return mag;
+    return hn::Xor(mag, hn::BitCast(d, hn::ShiftLeft<28>(hn::And(c, hn::Set(di, 8)))));
   }
+};
+#else
+// Too few lanes for a table: E2M1 magnitude m = 0bEEM is 2^(E-1) (1 + M/2) for E > 0, which is
+// the float with exponent field E + 126 and mantissa top bit M, and M/2 for E = 0.
+struct Lut {
+  VF s;
+  Lut() = default;
+  explicit Lut(DF d, float scale) : s(hn::Set(d, scale)) {}
+  HWY_INLINE VF decode(DF d, hn::Vec<DI> c) const {
+    const DI di;
+    const auto m = hn::And(c, hn::Set(di, 7));
+    const VF normal = hn::BitCast(d, hn::Add(hn::ShiftLeft<22>(m), hn::Set(di, 126 << 23)));
+    const VF sub = hn::Mul(hn::ConvertTo(d, m), hn::Set(d, 0.5f));
+    const VF mag = hn::IfThenElse(hn::RebindMask(d, hn::Lt(m, hn::Set(di, 2))), sub, normal);
+    const VF sign = hn::BitCast(d, hn::ShiftLeft<28>(hn::And(c, hn::Set(di, 8))));
+    return hn::Mul(hn::Xor(mag, sign), s);
+  }
+};
+#endif
+
+// L packed bytes: the L even (low nibble) and L odd (high nibble) weights.
+HWY_INLINE void decode_chunk(DF d, const uint8_t* p, const Lut& lut, VF* even, VF* odd) {
+  const DI di;
+  const auto b = hn::PromoteTo(di, hn::LoadU(DU8(), p));
+  *even = lut.decode(d, b);
+  *odd = lut.decode(d, hn::ShiftRight<4>(b));
 }
 
 constexpr int64_t kPrefetchRows = 16;
 
-// RB weight rows [r0, r0 + RB) against NT split rows of x; NA accumulators per (row, x row)
-// (two where few chains would otherwise wait on the FMA latency).
-template <int RB, int NT>
-void rows_block(float* y, int64_t ldy, const float* xs, const uint8_t* packed, const uint8_t* scales, int64_t r0,
-                int64_t in, bool accumulate, float* sc) {
-  constexpr int NA = NT <= 2 ? 2 : 1;
-  const int64_t G = in / 32;
-  const __m512 lut = _mm512_loadu_ps(kE2M1);
-  #pragma GCC unroll 32
-  for (int r = 0; r < RB; ++r) decode_scales(sc + r * G, scales + (r0 + r) * G, G);
-  __m512 acc[RB][NT][NA];
-  #pragma GCC unroll 32
-  for (auto& a : acc)
-    #pragma GCC unroll 32
-    for (auto& b : a)
-      #pragma GCC unroll 32
-      for (auto& c : b) c = _mm512_setzero_ps();
-  // Rows kPrefetchRows ahead are requested while these are decoded: one expert matrix is too
-  // short for the hardware prefetcher to ramp up on its own (16 bytes per row and group).
-  const uint8_t* ahead = packed + (r0 + kPrefetchRows) * (in / 2);
+#if HWY_TARGET != HWY_SCALAR
+// Fused product, SIMD targets. Per group of 32 weights: the 16 packed bytes are split into low
+// and high nibbles and looked up in a 16-byte table of 2x the E2M1 values (exact int8: 0, 1,
+// 2, 3, 4, 6, 8, 12 and their negatives; one byte shuffle per 16 weights), widened int8 ->
+// int32 -> f32 in L-lane pieces and multiplied into per-group sums; each group's sum is then
+// scaled once by 2^(s-127) / 2. Fewer instructions per weight than looking up floats (one
+// permute plus sign handling per L weights), which matters: MXFP4 decode is compute-bound
+// (measured on Zen 2, AVX2: 4.7 G weights/s per core with the float table, one thread).
+alignas(16) constexpr int8_t kE2M1x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// q [32]: the group's 16 even weights (low nibbles) then its 16 odd ones, as 2x E2M1.
+HWY_INLINE void decode_group_i8(const uint8_t* HWY_RESTRICT p, int8_t* HWY_RESTRICT q) {
+  const hn::Full128<uint8_t> du8;
+  const hn::Full128<int8_t> di8;
+  const auto b = hn::LoadU(du8, p);
+  const auto nib = hn::Set(du8, 0x0F);
+  const auto lut = hn::LoadU(di8, kE2M1x2);
+  hn::StoreU(hn::TableLookupBytes(lut, hn::BitCast(di8, hn::And(b, nib))), di8, q);
+  hn::StoreU(hn::TableLookupBytes(lut, hn::BitCast(di8, hn::And(hn::ShiftRight<4>(b), nib))), di8, q + 16);
+}
+
+using DQ = hn::Rebind<int8_t, DI>;  // L int8 lanes, widened to L int32
+
+// RB weight rows [r0, r0 + RB) against NT split rows of x (per group: 16 even elements, then
+// 16 odd). SPLIT: separate even / odd group sums (two short FMA chains instead of one long).
+template <int RB, int NT, bool SPLIT>
+HWY_INLINE void rows_block(float* y, int64_t ldy, const float* xs, const uint8_t* packed, const uint8_t* scales,
+                           int64_t r0, int64_t in, bool accumulate) {
+  const DF d;
+  const DI di;
+  const int64_t L = int64_t(hn::Lanes(d)), G = in / 32, row_bytes = in / 2;
+  VF acc[RB][NT];
+  for (int r = 0; r < RB; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = hn::Zero(d);
+  HWY_ALIGN int8_t q[RB][32];
+  const uint8_t* ahead = packed + (r0 + kPrefetchRows) * row_bytes;
   for (int64_t g = 0; g < G; ++g) {
     if (g % 4 == 0)  // one 64-byte line per row every 4 groups
-#pragma GCC unroll 32
-      for (int r = 0; r < RB; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead + r * (in / 2) + g * 16), _MM_HINT_T0);
-    __m512 xe[NT], xo[NT];
-    #pragma GCC unroll 32
-    for (int t = 0; t < NT; ++t) {
-      xe[t] = _mm512_loadu_ps(xs + t * in + g * 32);
-      xo[t] = _mm512_loadu_ps(xs + t * in + g * 32 + 16);
-    }
-    #pragma GCC unroll 32
-    for (int r = 0; r < RB; ++r) {
-      __m512 we, wo;
-      decode_group(we, wo, packed + (r0 + r) * (in / 2) + g * 16, _mm512_mul_ps(lut, _mm512_set1_ps(sc[r * G + g])));
-      #pragma GCC unroll 32
+      for (int r = 0; r < RB; ++r) hwy::Prefetch(ahead + r * row_bytes + g * 16);
+    for (int r = 0; r < RB; ++r) decode_group_i8(packed + (r0 + r) * row_bytes + g * 16, q[r]);
+    VF ge[RB][NT], go[RB][NT];
+    for (int r = 0; r < RB; ++r)
+      for (int t = 0; t < NT; ++t) ge[r][t] = go[r][t] = hn::Zero(d);
+    for (int64_t c = 0; c < 16; c += L) {
+      VF xe[NT], xo[NT];
       for (int t = 0; t < NT; ++t) {
-        acc[r][t][0] = _mm512_fmadd_ps(we, xe[t], acc[r][t][0]);
-        acc[r][t][NA - 1] = _mm512_fmadd_ps(wo, xo[t], acc[r][t][NA - 1]);
+        xe[t] = hn::LoadU(d, xs + t * in + g * 32 + c);
+        xo[t] = hn::LoadU(d, xs + t * in + g * 32 + 16 + c);
+      }
+      for (int r = 0; r < RB; ++r) {
+        const VF we = hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(DQ(), q[r] + c)));
+        const VF wo = hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(DQ(), q[r] + 16 + c)));
+        for (int t = 0; t < NT; ++t) {
+          ge[r][t] = hn::MulAdd(we, xe[t], ge[r][t]);
+          if (SPLIT)
+            go[r][t] = hn::MulAdd(wo, xo[t], go[r][t]);
+          else
+            ge[r][t] = hn::MulAdd(wo, xo[t], ge[r][t]);
+        }
       }
     }
+    for (int r = 0; r < RB; ++r) {
+      const VF sc = hn::Set(d, 0.5f * e8m0_to_f32(scales[(r0 + r) * G + g]));
+      for (int t = 0; t < NT; ++t) acc[r][t] = hn::MulAdd(SPLIT ? hn::Add(ge[r][t], go[r][t]) : ge[r][t], sc, acc[r][t]);
+    }
   }
-  #pragma GCC unroll 32
   for (int r = 0; r < RB; ++r)
-    #pragma GCC unroll 32
     for (int t = 0; t < NT; ++t) {
-      const float v = hsum(NA == 2 ? _mm512_add_ps(acc[r][t][0], acc[r][t][NA - 1]) : acc[r][t][0]);
+      const float v = HSum(d, acc[r][t]);
       float& dst = y[t * ldy + r0 + r];
       dst = accumulate ? dst + v : v;
     }
@@ -120,50 +152,136 @@ void rows_block(float* y, int64_t ldy, const float* xs, const uint8_t* packed, c
 
 template <int NT>
 void all_rows(float* y, int64_t ldy, const float* xs, const uint8_t* packed, const uint8_t* scales, int64_t in,
-              int64_t out, bool accumulate, float* sc) {
+              int64_t out, bool accumulate) {
+  // Accumulators, group sums and x pieces within the register file (RB x NT x (2 or 3) + 2 NT).
+  constexpr int RB = kVecRegs == 32 ? (NT <= 2 ? 4 : NT == 3 ? 3 : 2) : (NT == 1 ? 4 : NT == 2 ? 2 : 1);
+  constexpr bool kSplit = NT == 1;
   int64_t r = 0;
-  for (; r + 4 <= out; r += 4) rows_block<4, NT>(y, ldy, xs, packed, scales, r, in, accumulate, sc);
-  for (; r < out; ++r) rows_block<1, NT>(y, ldy, xs, packed, scales, r, in, accumulate, sc);
+  for (; r + RB <= out; r += RB) rows_block<RB, NT, kSplit>(y, ldy, xs, packed, scales, r, in, accumulate);
+  for (; r < out; ++r) rows_block<1, NT, kSplit>(y, ldy, xs, packed, scales, r, in, accumulate);
 }
 
-#endif  // __AVX512F__
+// x rows [nt, in] -> xs [nt, in]: per 32-group the 16 even then the 16 odd elements.
+void split_even_odd(float* xs, const float* x, int64_t nt, int64_t in, int64_t /*L*/) {
+  for (int64_t i = 0; i < nt * in; i += 32)
+    for (int64_t j = 0; j < 16; ++j) {
+      xs[i + j] = x[i + 2 * j];
+      xs[i + 16 + j] = x[i + 2 * j + 1];
+    }
+}
 
+#else  // HWY_SCALAR: one lane; the float table decode
+
+// RB weight rows [r0, r0 + RB) against NT split rows of x.
+template <int RB, int NT>
+HWY_INLINE void rows_block(float* y, int64_t ldy, const float* xs, const uint8_t* packed, const uint8_t* scales,
+                           int64_t r0, int64_t in, bool accumulate) {
+  const DF d;
+  const int64_t L = int64_t(hn::Lanes(d)), G = in / 32, row_bytes = in / 2;
+  VF acc[RB][NT];
+  for (int r = 0; r < RB; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = hn::Zero(d);
+  for (int64_t g = 0; g < G; ++g) {
+    Lut lut[RB];
+    for (int r = 0; r < RB; ++r) lut[r] = Lut(d, e8m0_to_f32(scales[(r0 + r) * G + g]));
+    for (int64_t c = 0; c < 16; c += L) {  // chunks of L bytes = 2L weights
+      VF xe[NT], xo[NT];
+      for (int t = 0; t < NT; ++t) {
+        xe[t] = hn::LoadU(d, xs + t * in + g * 32 + 2 * c);
+        xo[t] = hn::LoadU(d, xs + t * in + g * 32 + 2 * c + L);
+      }
+      for (int r = 0; r < RB; ++r) {
+        VF we, wo;
+        decode_chunk(d, packed + (r0 + r) * row_bytes + g * 16 + c, lut[r], &we, &wo);
+        for (int t = 0; t < NT; ++t) {
+          acc[r][t] = hn::MulAdd(we, xe[t], acc[r][t]);
+          acc[r][t] = hn::MulAdd(wo, xo[t], acc[r][t]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int t = 0; t < NT; ++t) {
+      const float v = HSum(d, acc[r][t]);
+      float& dst = y[t * ldy + r0 + r];
+      dst = accumulate ? dst + v : v;
+    }
+}
+
+template <int NT>
+void all_rows(float* y, int64_t ldy, const float* xs, const uint8_t* packed, const uint8_t* scales, int64_t in,
+              int64_t out, bool accumulate) {
+  int64_t r = 0;
+  for (; r + 4 <= out; r += 4) rows_block<4, NT>(y, ldy, xs, packed, scales, r, in, accumulate);
+  for (; r < out; ++r) rows_block<1, NT>(y, ldy, xs, packed, scales, r, in, accumulate);
+}
+
+// x rows [nt, in] -> xs [nt, in]: per 2L-chunk the L even then the L odd elements.
+void split_even_odd(float* xs, const float* x, int64_t nt, int64_t in, int64_t L) {
+  for (int64_t i = 0; i < nt * in; i += 2 * L)
+    for (int64_t j = 0; j < L; ++j) {
+      xs[i + j] = x[i + 2 * j];
+      xs[i + L + j] = x[i + 2 * j + 1];
+    }
+}
+
+#endif  // HWY_TARGET != HWY_SCALAR
+
+}  // namespace
+
+void Mxfp4Linear(float* y, const float* x, const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t in,
+                 int64_t out, int64_t ldy, bool accumulate) {
+  const int64_t L = int64_t(hn::Lanes(DF()));
+  // Per-thread work area (grows once): up to 4 split rows of x.
+  thread_local std::vector<float> work;
+  if (work.size() < size_t(4 * in)) work.resize(size_t(4 * in));
+  float* xs = work.data();
+  for (int64_t t0 = 0; t0 < rows; t0 += 4) {
+    const int64_t nt = std::min<int64_t>(4, rows - t0);
+    split_even_odd(xs, x + t0 * in, nt, in, L);
+    float* yt = y + t0 * ldy;
+    switch (nt) {
+      case 1: all_rows<1>(yt, ldy, xs, packed, scales, in, out, accumulate); break;
+      case 2: all_rows<2>(yt, ldy, xs, packed, scales, in, out, accumulate); break;
+      case 3: all_rows<3>(yt, ldy, xs, packed, scales, in, out, accumulate); break;
+      default: all_rows<4>(yt, ldy, xs, packed, scales, in, out, accumulate); break;
+    }
+  }
+}
+
+void Mxfp4Dequantize(float* dst, const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols) {
+  const DF d;
+  const int64_t L = int64_t(hn::Lanes(d)), G = cols / 32;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < G; ++g) {
+      const Lut lut(d, e8m0_to_f32(scales[r * G + g]));
+      for (int64_t c = 0; c < 16; c += L) {
+        VF e, o;
+        decode_chunk(d, packed + r * (cols / 2) + g * 16 + c, lut, &e, &o);
+        hn::StoreInterleaved2(e, o, d, dst + r * cols + g * 32 + 2 * c);  // element 2j, 2j + 1
+      }
+    }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace k3
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace k3 {
+
+HWY_EXPORT(Mxfp4Linear);
+HWY_EXPORT(Mxfp4Dequantize);
+
+namespace {
+void check_shape(int64_t in) { K3_ASSERT(in > 0 && in % 32 == 0, "mxfp4: the input width must be a multiple of 32"); }
 }  // namespace
 
 void mxfp4_linear(float* y, const float* x, const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t in,
                   int64_t out, int64_t ldy, bool accumulate) {
   check_shape(in);
   K3_ASSERT(ldy >= out, "mxfp4_linear: ldy < out");
-#if defined(__AVX512F__)
-  // Per-thread work area (grows once): up to 4 split rows of x and 4 rows of scales.
-  thread_local std::vector<float> work;
-  if (work.size() < size_t(4 * in + 4 * (in / 32))) work.resize(size_t(4 * in + 4 * (in / 32)));
-  float* xs = work.data();
-  float* sc = xs + 4 * in;
-  for (int64_t t0 = 0; t0 < rows; t0 += 4) {
-    const int64_t nt = std::min<int64_t>(4, rows - t0);
-    split_even_odd(xs, x + t0 * in, nt, in);
-    float* yt = y + t0 * ldy;
-    switch (nt) {
-      case 1: all_rows<1>(yt, ldy, xs, packed, scales, in, out, accumulate, sc); break;
-      case 2: all_rows<2>(yt, ldy, xs, packed, scales, in, out, accumulate, sc); break;
-      case 3: all_rows<3>(yt, ldy, xs, packed, scales, in, out, accumulate, sc); break;
-      default: all_rows<4>(yt, ldy, xs, packed, scales, in, out, accumulate, sc); break;
-    }
-  }
-#else
-  // Portable path: one decoded row at a time, float dot products.
-  thread_local std::vector<float> row;
-  if (row.size() < size_t(in)) row.resize(size_t(in));
-  for (int64_t r = 0; r < out; ++r) {
-    mxfp4_decode_row(packed + r * (in / 2), scales + r * (in / 32), row.data(), size_t(in));
-    for (int64_t t = 0; t < rows; ++t) {
-      float acc = 0;
-      for (int64_t c = 0; c < in; ++c) acc += row[c] * x[t * in + c];
-      y[t * ldy + r] = accumulate ? y[t * ldy + r] + acc : acc;
-    }
-  }
-#endif
+  HWY_DYNAMIC_DISPATCH(Mxfp4Linear)(y, x, packed, scales, rows, in, out, ldy, accumulate);
 }
 
 template <typename T>
@@ -183,28 +301,7 @@ void mxfp4_linear_reference(T* y, const T* x, const uint8_t* packed, const uint8
 
 void mxfp4_dequantize(float* dst, const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols) {
   check_shape(cols);
-#if defined(__AVX512F__)
-  const int64_t G = cols / 32;
-  const __m512 lut = _mm512_loadu_ps(kE2M1);
-  // Interleave even (a) and odd (b) elements back: lanes 0..15 = a0 b0 a1 b1 ... a7 b7.
-  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-  thread_local std::vector<float> sc;
-  if (sc.size() < size_t(G)) sc.resize(size_t(G));
-  for (int64_t r = 0; r < rows; ++r) {
-    decode_scales(sc.data(), scales + r * G, G);
-    for (int64_t g = 0; g < G; ++g) {
-      __m512 e, o;
-      decode_group(e, o, packed + r * (cols / 2) + g * 16, _mm512_mul_ps(lut, _mm512_set1_ps(sc[g])));
-      float* d = dst + r * cols + g * 32;
-      _mm512_storeu_ps(d, _mm512_permutex2var_ps(e, lo, o));
-      _mm512_storeu_ps(d + 16, _mm512_permutex2var_ps(e, hi, o));
-    }
-  }
-#else
-  for (int64_t r = 0; r < rows; ++r)
-    mxfp4_decode_row(packed + r * (cols / 2), scales + r * (cols / 32), dst + r * cols, size_t(cols));
-#endif
+  HWY_DYNAMIC_DISPATCH(Mxfp4Dequantize)(dst, packed, scales, rows, cols);
 }
 
 template <typename T>
@@ -225,3 +322,4 @@ template void mxfp4_dequantize_reference<float>(float*, const uint8_t*, const ui
 template void mxfp4_dequantize_reference<double>(double*, const uint8_t*, const uint8_t*, int64_t, int64_t);
 
 }  // namespace k3
+#endif  // HWY_ONCE

@@ -4,17 +4,20 @@
 //
 // mxfp4_linear: y[rows, out] = x[rows, in] W^T (like `linear`, kernels/gemm.h), the nibbles
 // decoded inside the dot product: no dequantised copy of W is written, so a product with a
-// few rows (decode: one token per expert) reads W's 4.25 bits per weight once. AVX-512:
-// 16 nibbles widen to 16 dwords, vpermps looks them up in the 16-entry E2M1 table scaled by
-// the group's 2^(s-127) (exact: a power of two), and x is split once into the even and odd
-// elements of each 32-group so the low and high nibbles meet their inputs without shuffles.
-// Rows of x go in blocks of up to 4 against 4 weight rows at a time, and the weight rows 16
-// ahead are prefetched (an expert matrix is too short for the hardware prefetcher to ramp
-// up). Meant for few rows; for many rows dequantise once (mxfp4_dequantize) and use a gemm.
+// few rows (decode: one token per expert) reads W's 4.25 bits per weight once. Per SIMD
+// target (Highway): L nibble bytes widen to L dwords, then the E2M1 value is looked up in a
+// table already scaled by the group's 2^(s-127) (exact: a power of two): the whole signed
+// 16-entry table in one permute on AVX-512, the 8 magnitudes in one vpermps plus the sign bit
+// on AVX2, and built from the code's bits (exponent and mantissa fields) on SSE4 and the
+// baseline. x is split once into the even and odd elements of each 2L-chunk so the low and
+// high nibbles meet their inputs without shuffles. Rows of x go in blocks of up to 4 against
+// a few weight rows at a time, and the weight rows 16 ahead are prefetched (an expert matrix
+// is too short for the hardware prefetcher to ramp up). Meant for few rows; for many rows
+// dequantise once (mxfp4_dequantize) and use a gemm.
 // Reference: the row decoded by mxfp4_decode_row (core/dtype.h), dot products in double.
 //
 // mxfp4_dequantize: dst [rows, cols] f32, bit-identical to mxfp4_decode_row per row
-// (E2M1 value times the scale is one exact product either way); AVX-512 vpermps path.
+// (E2M1 value times the scale is one exact product either way); the same decode per target.
 #pragma once
 #include <cstdint>
 

@@ -32,7 +32,7 @@ void router_select_topk(int32_t* idx, const T* s, const T* bias, int64_t E, int6
 }
 
 template <typename T>
-void router_forward(int32_t* topk_idx, T* topk_w, T* scores, const T* x, const T* W_r, const T* bias, int64_t Tn,
+void router_forward(int32_t* topk_idx, T* topk_w, T* scores, const T* x, const MatT<T>& W_r, const T* bias, int64_t Tn,
                     int64_t d, int64_t E, int64_t k, bool renorm, double scale) {
   linear(scores, x, W_r, Tn, d, E);
 #pragma omp parallel for schedule(static) if (Tn * E > 65536)
@@ -117,9 +117,9 @@ template double router_aux_loss<float>(float*, const int32_t*, const float*, int
 template double router_aux_loss<double>(double*, const int32_t*, const double*, int64_t, int64_t, int64_t, double);
 template void router_select_topk<float>(int32_t*, const float*, const float*, int64_t, int64_t);
 template void router_select_topk<double>(int32_t*, const double*, const double*, int64_t, int64_t);
-template void router_forward<float>(int32_t*, float*, float*, const float*, const float*, const float*, int64_t,
+template void router_forward<float>(int32_t*, float*, float*, const float*, const Mat&, const float*, int64_t,
                                     int64_t, int64_t, int64_t, bool, double);
-template void router_forward<double>(int32_t*, double*, double*, const double*, const double*, const double*,
+template void router_forward<double>(int32_t*, double*, double*, const double*, const MatT<double>&, const double*,
                                      int64_t, int64_t, int64_t, int64_t, bool, double);
 
 }  // namespace k3

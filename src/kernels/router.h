@@ -7,6 +7,7 @@
 // ties go to the lower expert index, and a NaN score ranks below every number, so the
 // selection is a deterministic total order.
 #pragma once
+#include "kernels/weight_mat.h"
 #include <cstdint>
 
 namespace k3 {
@@ -14,8 +15,8 @@ namespace k3 {
 // topk_idx/topk_w [T, k]; scores [T, E] (saved: the unbiased sigmoid scores, also used by
 // balancing statistics); x [T, d]; W_r [E, d]; bias [E] (may be null: no bias).
 template <typename T>
-void router_forward(int32_t* topk_idx, T* topk_w, T* scores, const T* x, const T* W_r, const T* bias, int64_t Tn,
-                    int64_t d, int64_t E, int64_t k, bool renorm, double scale);
+void router_forward(int32_t* topk_idx, T* topk_w, T* scores, const T* x, const MatT<T>& W_r, const T* bias,
+                    int64_t Tn, int64_t d, int64_t E, int64_t k, bool renorm, double scale);
 
 // Backward of router_forward for a fixed selection (training; K3_REFERENCE section 5): the
 // gradient flows through the UNBIASED sigmoid scores of the selected experts and the

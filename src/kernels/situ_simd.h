@@ -1,15 +1,17 @@
 // Vectorised SiTU for the float inference and training forwards (K3_REFERENCE section 5;
 // fixture ops/situ_glu.json): out[i] = b1 tanh(g[i]/b1) sigmoid(g[i]) * b2 tanh(u[i]/b2),
-// the scalar `situ` of kernels/activations.h computed 16 lanes at a time (AVX-512).
-// libm's tanhf/expm1f per element cost more than the expert products around them at prefill
-// sizes; here exp is Cephes expf (range reduction by ln 2 in two parts, degree-5 polynomial,
-// the power of two applied by vscalefps so overflow gives inf and underflow 0) and tanh is
-// Cephes tanhf (odd polynomial below |x| = 0.625, else 1 - 2 / (exp(2|x|) + 1)): a few ulp
-// from the correctly rounded values, NaN propagated, +-inf saturated like libm.
+// the scalar `situ` of kernels/activations.h computed a vector at a time on every SIMD target
+// (Highway; core/simd_target.h). libm's tanhf/expm1f per element cost more than the expert
+// products around them at prefill sizes; here exp and tanh are kernels/simd/vec-inl.h's
+// (range-reduced exp with a degree-7 polynomial, Cephes tanhf's polynomial below |x| = 0.625,
+// else (1 - e) / (1 + e) with e = exp(-2|x|)): a few ulp from the correctly rounded values,
+// NaN propagated, +-inf saturated like libm. Tails go through the same vector code.
 // Reference: the scalar `situ` (activations.h) in the same scalar type; tests compare them.
 // The backward (situ_backward_fast) is the scalar `situ_grad` the same way: the training
 // backward of every expert and FFN row runs it, and libm's tanhf/expm1f there took about a
-// tenth of a mid-size training step.
+// tenth of a mid-size training step. Its 1 - tanh^2 and 1 - sigmoid are computed without
+// cancellation on every target (the scalar situ_grad's 1 - th * th loses all digits once
+// |g| / b1 > 9 in float).
 #pragma once
 #include <cstdint>
 

@@ -3,9 +3,10 @@
 // Used by the routed experts at prefill sizes (kernels/moe.cpp: an expert sees ~T k / E rows,
 // 37 at T = 2048 for K3's 896 experts, top-16), where a BLAS call spends much of its time
 // packing. Storing the rows as columns puts the n rows side by side in vector lanes: the
-// AVX-512 tile keeps R x NV accumulators (R weight rows, NV vectors of 16 columns, masked at
-// the edge), and every step broadcasts one weight per row and loads NV column vectors, so no
-// horizontal sums and no packing are needed. Columns go in blocks of at most 64.
+// tile keeps R x NV accumulators (R weight rows, NV vectors of L columns, L the SIMD target's
+// float width, the last vector cut at the edge), and every step broadcasts one weight per row
+// and loads NV column vectors, so no horizontal sums and no packing are needed. Columns go in
+// blocks of at most 4 vectors; R fills the target's register file. Every SIMD target has it.
 // Reference: the same product with a double accumulator per output.
 #pragma once
 #include <cstdint>

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "model/release_layout.h"
 
 namespace k3 {
 
@@ -111,11 +112,23 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
   }
   const ExpertStorage storage =
       any_mx && all_mx && !opt.dequantize_experts ? ExpertStorage::Mxfp4 : ExpertStorage::Plain;
-  WeightStore w(cfg, storage);
+  // Dense matrices kept as stored (bf16) for inference: those a checkpoint holds as bf16 under
+  // their released name with the spec's shape (anything else is validated and converted below).
+  std::vector<bool> bf16_held(specs.size(), false);
+  if (opt.dense_as_stored)
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const ParamSpec& s = specs[i];
+      if (s.component == Component::RoutedExperts || s.shape.size() != 2 || s.shape[0] < 2 || s.shape[1] < 2 ||
+          !ck.has(s.name))
+        continue;
+      const auto& info = ck.info(s.name);
+      bf16_held[i] = info.dtype == DType::BF16 && info.shape == s.shape;
+    }
+  WeightStore w(cfg, storage, bf16_held);
   const ParamLayout& lay = w.layout();
 
   // Validate everything and take the views (serially), then convert (in parallel).
-  enum class Kind { Dense, MxKeep, MxDequant };
+  enum class Kind { Dense, Bf16Keep, MxKeep, MxDequant };
   struct Job {
     size_t i;
     Kind kind;
@@ -138,22 +151,38 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
       jobs.push_back({i, storage == ExpertStorage::Mxfp4 ? Kind::MxKeep : Kind::MxDequant, ck.get(pk), ck.get(sc)});
       continue;
     }
-    if (!ck.has(s.name))
+    const std::string name = stored_param_name(ck, s.name);  // the released or a legacy name
+    if (!ck.has(name))
       fail_input(ck.path(), s.name,
                  "missing from the checkpoint (expected shape " + shape_str(s.shape) +
                      (routed ? ", plain or as MXFP4 weight_packed + weight_scale)" : ")"));
-    check_stored(ck, s.name, s.shape, false, "");
-    jobs.push_back({i, Kind::Dense, ck.get(s.name), Tensor()});
+    if (is_padded_a_log(s, ck.info(name).shape)) {  // the release's zero-padded A_log
+      jobs.push_back({i, Kind::Dense, unpad_a_log(ck, name, s), Tensor()});
+      continue;
+    }
+    check_stored(ck, name, s.shape, false, "");
+    jobs.push_back({i, bf16_held[i] ? Kind::Bf16Keep : Kind::Dense, ck.get(name), Tensor()});
   }
   // A language-model tensor that the config does not have means checkpoint and config disagree.
   for (const std::string& n : ck.names()) {
     if (!starts_with(n, "language_model.")) continue;
     std::string base = mxfp4_weight_name(n);
     if (base.empty()) base = n;
+    if (const std::string rel = released_param_name(base); !rel.empty()) {
+      if (ck.has(rel)) fail_input(ck.info(n).file, n, "stored both under this pre-release name and as " + rel);
+      continue;
+    }
     if (lay.find(base) < 0)
       fail_input(ck.info(n).file, n, "not a tensor of the config (" + std::to_string(cfg.num_hidden_layers) +
                                          " layers, " + std::to_string(cfg.num_experts) + " experts)");
   }
+  // Notices, one line each: legacy names read, vision tensors skipped (after their check).
+  const std::string vision = check_vision_tensors(ck, cfg).summary;
+  for (const std::string& line : {legacy_names_notice(ck, specs), vision})
+    if (!line.empty()) {
+      if (opt.log) opt.log(line);
+      else std::fprintf(stderr, "%s\n", line.c_str());
+    }
 
 #pragma omp parallel for schedule(dynamic)
   for (size_t j = 0; j < jobs.size(); ++j) {
@@ -161,6 +190,7 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
     const ParamSpec& s = specs[jb.i];
     switch (jb.kind) {
       case Kind::Dense: to_f32(w.param(jb.i), jb.a); break;
+      case Kind::Bf16Keep: w.set_bf16(jb.i, std::move(jb.a)); break;
       case Kind::MxKeep: {
         Mxfp4Matrix m;
         m.rows = s.shape[0], m.cols = s.shape[1];
@@ -242,8 +272,8 @@ std::vector<std::string> save_checkpoint(const std::string& dir_in, const Weight
       Mxfp4Matrix m = w.has_mxfp4(i) ? w.mxfp4(i) : Mxfp4Matrix::quantize(w.tensor(i));
       slots[i] = {m.packed, m.scales};
     } else {
-      Tensor t = lay.in_buffer(i) ? w.tensor(i) : w.mxfp4(i).dequantize();
-      slots[i].a = opt.dense_dtype == DType::F32 ? t : t.to(opt.dense_dtype);
+      Tensor t = lay.in_buffer(i) ? w.tensor(i) : lay.bf16_held(i) ? w.bf16(i) : w.mxfp4(i).dequantize();
+      slots[i].a = t.dtype() == opt.dense_dtype ? t : t.to(opt.dense_dtype);
     }
   }
   std::vector<std::pair<std::string, Tensor>> tensors;
@@ -270,7 +300,12 @@ std::vector<std::string> save_checkpoint(const std::string& dir_in, const Weight
   try {
     if (::mkdir(tmp.c_str(), 0777) != 0) fail_system("cannot create temporary checkpoint directory", tmp);
     written = write_checkpoint_shards(tmp, tensors, opt.max_shard_bytes, {{"format", "pt"}});
-    write_text_file_atomic((fs::path(tmp) / "config.json").string(), config_to_hf_json(w.config()));
+    // config.json states what the directory holds: the text model only (no vision_config),
+    // quantization_config exactly when the routed experts are MXFP4.
+    K3Config out = w.config();
+    out.vision = {};
+    out.quantization = opt.experts == ExpertStorage::Mxfp4 ? release_mxfp4_quantization() : K3Config::Quantization{};
+    write_text_file_atomic((fs::path(tmp) / "config.json").string(), config_to_hf_json(out));
     if (!opt.tokenizer_json.empty())
       write_text_file_atomic((fs::path(tmp) / "tokenizer.json").string(), opt.tokenizer_json);
     fsync_dir(tmp);

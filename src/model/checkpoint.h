@@ -3,12 +3,17 @@
 // as safetensors shards (model.safetensors, or model-0000i-of-0000N.safetensors + index) under
 // the `language_model.model.` names, and optionally tokenizer.json (io/tokenizer.h).
 //
-// Loading: dense tensors bf16, f16 or f32, converted to f32 into the WeightStore; routed
+// Loading: dense tensors bf16, f16 or f32, converted to f32 into the WeightStore (or, with
+// LoadOptions::dense_as_stored, bf16 matrices kept as zero-copy bf16 views); routed
 // experts either MXFP4 (`weight_packed` + `weight_scale`), kept quantised as zero-copy views of
 // the mmap'ed file (default) or dequantised, or plain `.weight` in a float dtype. Every missing
 // tensor, wrong shape, wrong dtype, and every `language_model.*` tensor the config does not
 // have, is a k3::Error naming the tensor, the expected and found value and the file.
-// Tensors outside `language_model.` (e.g. a vision tower) are ignored.
+// The release's other forms (model/release_layout.h) are read too: a zero-padded 1-D A_log
+// (non-zero padding is an error), the pre-release k3cpp names of the output AttnRes read
+// (one notice line), and `vision_tower.*` / `mm_projector.*` tensors, checked against
+// vision_config when there is one and skipped with one line. Other tensors outside
+// `language_model.` (a training checkpoint's train_state) are ignored.
 //
 // Saving writes the released names (so k3cpp checkpoints and the release are one format):
 // dense tensors f32 (exact training resume; default) or bf16 (the release's), routed experts
@@ -34,6 +39,12 @@ struct LoadOptions {
   // default they stay MXFP4 when every routed expert is stored so; a checkpoint with any plain
   // expert loads all experts as f32.
   bool dequantize_experts = false;
+  // Inference: dense matrices stored as bf16 stay bf16 (zero-copy views of the mapped file,
+  // read by the kernels as stored); otherwise every dense tensor is widened into the f32
+  // buffer (training keeps f32 master weights).
+  bool dense_as_stored = false;
+  // Receives the load's one-line notices (legacy names, skipped vision tensors); unset: stderr.
+  std::function<void(const std::string&)> log;
 };
 
 // The weights of `cfg` from an open checkpoint (see the contract above).

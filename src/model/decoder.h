@@ -62,9 +62,9 @@ struct LayerWeightsT {
   MLAWeightsT<R> mla{};              // MLA layers
   bool is_moe = false;
   LatentMoEWeightsT<R> moe{};        // MoE layers (ExpertMatrix per routed expert matrix)
-  const R* dense_gate = nullptr;     // [I, d] mlp.gate_proj (dense layers)
-  const R* dense_up = nullptr;       // [I, d] mlp.up_proj
-  const R* dense_down = nullptr;     // [d, I] mlp.down_proj
+  MatT<R> dense_gate;                // [I, d] mlp.gate_proj (dense layers; f32 or bf16 as held)
+  MatT<R> dense_up;                  // [I, d] mlp.up_proj
+  MatT<R> dense_down;                // [d, I] mlp.down_proj
 };
 using LayerWeights = LayerWeightsT<float>;
 

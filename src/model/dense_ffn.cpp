@@ -10,8 +10,8 @@
 namespace k3 {
 
 template <typename T>
-void dense_ffn_forward(T* out, T* gu, T* act, const T* x, const T* gate, const T* up, const T* down, int64_t Tn,
-                       int64_t d, int64_t I, double b1, double b2, bool accumulate) {
+void dense_ffn_forward(T* out, T* gu, T* act, const T* x, const MatT<T>& gate, const MatT<T>& up,
+                       const MatT<T>& down, int64_t Tn, int64_t d, int64_t I, double b1, double b2, bool accumulate) {
   // Both halves land in one [gate | up] row of width 2I, the layout situ_glu_forward reads.
   gemm(false, true, Tn, I, d, T(1), x, d, gate, d, T(0), gu, 2 * I);
   gemm(false, true, Tn, I, d, T(1), x, d, up, d, T(0), gu + I, 2 * I);
@@ -38,10 +38,11 @@ void dense_ffn_backward(T* dx, T* dgate, T* dup, T* ddown, T* dgu, T* dact, cons
   gemm(false, false, Tn, d, I, T(1), dgu + I, 2 * I, up, d, T(1), dx, d);
 }
 
-template void dense_ffn_forward<float>(float*, float*, float*, const float*, const float*, const float*,
-                                       const float*, int64_t, int64_t, int64_t, double, double, bool);
-template void dense_ffn_forward<double>(double*, double*, double*, const double*, const double*, const double*,
-                                        const double*, int64_t, int64_t, int64_t, double, double, bool);
+template void dense_ffn_forward<float>(float*, float*, float*, const float*, const Mat&, const Mat&, const Mat&,
+                                       int64_t, int64_t, int64_t, double, double, bool);
+template void dense_ffn_forward<double>(double*, double*, double*, const double*, const MatT<double>&,
+                                        const MatT<double>&, const MatT<double>&, int64_t, int64_t, int64_t, double,
+                                        double, bool);
 template void dense_ffn_backward<float>(float*, float*, float*, float*, float*, float*, const float*, const float*,
                                         const float*, const float*, const float*, const float*, const float*, int64_t,
                                         int64_t, int64_t, double, double, bool);

@@ -3,14 +3,17 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/weight_mat.h"
+
 namespace k3 {
 
 // out [T, d] (assigned, or += if accumulate); gu [T, 2I] saved [W_gate x | W_up x];
-// act [T, I] saved SiTU output; x [T, d]; gate, up [I, d]; down [d, I]. b1, b2: SiTU caps.
-// Projections go through BLAS; instantiated for float and double.
+// act [T, I] saved SiTU output; x [T, d]; gate, up [I, d]; down [d, I] as held (f32 or bf16).
+// b1, b2: SiTU caps. Projections go through kernels/gemm.h; instantiated for float and double.
 template <typename T>
-void dense_ffn_forward(T* out, T* gu, T* act, const T* x, const T* gate, const T* up, const T* down, int64_t Tn,
-                       int64_t d, int64_t I, double b1, double b2, bool accumulate = false);
+void dense_ffn_forward(T* out, T* gu, T* act, const T* x, const MatT<T>& gate, const MatT<T>& up,
+                       const MatT<T>& down, int64_t Tn, int64_t d, int64_t I, double b1, double b2,
+                       bool accumulate = false);
 
 // Backward of dense_ffn_forward from its saved gu and act (training keeps both; they are the
 // forward's "saved activations"). dx [T, d] assigned (or += if accumulate_dx: the shared

@@ -97,7 +97,9 @@ LayerWeightsT<R> bind_layer(const K3Config& c, int64_t layer, ParamFn&& P_full, 
 
 LayerWeights layer_weights(const WeightStore& w, int64_t layer) {
   const ParamLayout& lay = w.layout();
-  auto P = [&](const std::string& name) { return w.param(name); };
+  // Every parameter as held (f32, or bf16 for a matrix kept as stored): vector fields take the
+  // f32 pointer, matrix fields the Mat.
+  auto P = [&](const std::string& name) { return w.mat(name); };
   auto X = [&](const std::string& name) {
     const size_t i = lay.index(name);
     ExpertMatrix m;
@@ -156,10 +158,13 @@ K3ModelT<R>::K3ModelT(WeightStore weights) : store_(std::move(weights)), dims_(m
     for (int64_t i = 0; i < dims_.L; ++i) layers_.push_back(layer_views<R>(store_.layout(), config(), params_, i));
   }
   const ParamLayout& lay = store_.layout();
-  auto P = [&](const std::string& name) { return params_ + lay.offset(lay.index(name)); };
+  auto P = [&](const std::string& name) -> MatT<R> {
+    if constexpr (std::is_same_v<R, float>) return store_.mat(name);
+    else return params_ + lay.offset(lay.index(name));
+  };
   embed_ = P(kModelPrefix + "embed_tokens.weight");
-  final_res_norm_ = P(kModelPrefix + "final_res_norm.weight");
-  final_res_proj_ = P(kModelPrefix + "final_res_proj.weight");
+  final_res_norm_ = P(kOutputAttnResNormName);
+  final_res_proj_ = P(kOutputAttnResProjName);
   final_norm_ = P(kModelPrefix + "norm.weight");
   lm_head_ = config().tie_word_embeddings ? embed_ : P(kLmHeadName);
 }
@@ -186,7 +191,7 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
   BlockStateT<R>& bs = s.bs;
   bs.begin(T, d, dims_.max_blocks());
   for (int64_t t = 0; t < T; ++t)
-    std::memcpy(bs.partial.data() + t * d, embed_ + int64_t(ids[t]) * d, sizeof(R) * size_t(d));
+    mat_row(bs.partial.data() + t * d, embed_, int64_t(ids[t]), d);
 
   if (rec) {
     K3_ASSERT(opt.mode == MixerMode::Prefill && st.n_tokens == 0, "K3Model::forward: a record needs a fresh Prefill");

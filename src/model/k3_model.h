@@ -1,6 +1,6 @@
 // The K3 stack (K3_REFERENCE section 2): token embedding, the decoder layers with Block
-// Attention Residuals (model/decoder.h), the output AttnRes read (final_res_norm /
-// final_res_proj), the final RMSNorm and lm_head. One wiring serves a full forward (fresh
+// Attention Residuals (model/decoder.h), the output AttnRes read (output_attn_res_norm /
+// output_attn_res_proj), the final RMSNorm and lm_head. One wiring serves a full forward (fresh
 // DecodeState), a prefill (chunked/fast KDA core, expanded MLA) and decode steps (KDA decode
 // step, absorbed MLA over the latent cache): the DecodeState carries each layer's mixer state
 // between calls, so prefill + decode steps equal one forward over all tokens.
@@ -128,11 +128,11 @@ class K3ModelT {
   R* params_ = nullptr;
   ModelDims dims_;
   std::vector<LayerWeightsT<R>> layers_;
-  const R* embed_ = nullptr;           // [V, d]
+  MatT<R> embed_;                      // [V, d] as held (f32, or bf16 for inference)
   const R* final_res_norm_ = nullptr;  // [d]
   const R* final_res_proj_ = nullptr;  // [d]
   const R* final_norm_ = nullptr;      // [d]
-  const R* lm_head_ = nullptr;         // [V, d] (the embedding when tied)
+  MatT<R> lm_head_;                    // [V, d] (the embedding when tied)
 };
 using K3Model = K3ModelT<float>;
 

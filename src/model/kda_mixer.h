@@ -17,23 +17,25 @@
 #include <vector>
 
 #include "kernels/kda_fast.h"
+#include "kernels/weight_mat.h"
 
 namespace k3 {
 
+// Matrices as held (MatT: f32, or bf16 as a checkpoint stores them); vectors f32.
 template <typename R>
 struct KDAWeightsT {
-  const R* q_proj;   // [H*D, d]
-  const R* k_proj;   // [H*D, d]
-  const R* v_proj;   // [H*D, d]
+  MatT<R> q_proj;    // [H*D, d]
+  MatT<R> k_proj;    // [H*D, d]
+  MatT<R> v_proj;    // [H*D, d]
   const R* q_conv;   // [H*D, 1, K] depthwise taps, oldest first
   const R* k_conv;   // [H*D, 1, K]
   const R* v_conv;   // [H*D, 1, K]
-  const R* f_a;      // [D, d]   low-rank gate, first factor
-  const R* f_b;      // [H*D, D] low-rank gate, second factor
-  const R* b_proj;   // [H, d]   beta logits
-  const R* g_proj;   // [H*D, d] output gate logits (full rank)
+  MatT<R> f_a;       // [D, d]   low-rank gate, first factor
+  MatT<R> f_b;       // [H*D, D] low-rank gate, second factor
+  MatT<R> b_proj;    // [H, d]   beta logits
+  MatT<R> g_proj;    // [H*D, d] output gate logits (full rank)
   const R* o_norm;   // [D]      per-head RMSNorm gain, shared by heads
-  const R* o_proj;   // [d, H*D]
+  MatT<R> o_proj;    // [d, H*D]
   const R* A_log;    // [H]      one decay rate per head
   const R* dt_bias;  // [H*D]
 };

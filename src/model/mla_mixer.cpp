@@ -53,8 +53,8 @@ template <typename R>
 static void check(const MLAWeightsT<R>& w, const MLADims& dm, const MLACacheT<R>& cache) {
   K3_ASSERT(dm.d > 0 && dm.H > 0 && dm.q_lora > 0 && dm.kv_lora > 0 && dm.nope > 0 && dm.rope >= 0 && dm.v > 0,
             "mla: bad dimensions");
-  K3_ASSERT(w.q_a_proj && w.q_a_norm && w.q_b_proj && w.kv_a_proj && w.kv_a_norm && w.kv_b_proj && w.o_proj &&
-                (!dm.output_gate || w.g_proj),
+  K3_ASSERT(w.q_a_proj.present() && w.q_a_norm && w.q_b_proj.present() && w.kv_a_proj.present() && w.kv_a_norm &&
+                w.kv_b_proj.present() && w.o_proj.present() && (!dm.output_gate || w.g_proj.present()),
             "mla: missing weight");
   K3_ASSERT(int64_t(cache.c_kv.size()) == cache.n * dm.kv_lora && int64_t(cache.k_rope.size()) == cache.n * dm.rope,
             "mla: cache does not match its token count");
@@ -197,7 +197,7 @@ void mla_mixer_decode(float* out, MLACache& cache, const float* x, const MLAWeig
   // ([nope, kv_lora]), so q . k_nope = (W_uk^T q_nope) . c_kv.
 #pragma omp parallel for schedule(static) if (dm.H > 1)
   for (int64_t h = 0; h < dm.H; ++h) {
-    gemm(false, false, T, L, dm.nope, 1.f, s.q.data() + h * Dq, dm.H * Dq, w.kv_b_proj + h * KV * L, L, 0.f,
+    gemm(false, false, T, L, dm.nope, 1.f, s.q.data() + h * Dq, dm.H * Dq, w.kv_b_proj.offset(h * KV * L), L, 0.f,
          s.qa.data() + h * Da, dm.H * Da);
     for (int64_t t = 0; t < T; ++t)
       std::memcpy(s.qa.data() + (t * dm.H + h) * Da + L, s.q.data() + (t * dm.H + h) * Dq + dm.nope,
@@ -218,7 +218,7 @@ void mla_mixer_decode(float* out, MLACache& cache, const float* x, const MLAWeig
   // Value half: o[h] = W_uv[h] o_lat[h], W_uv[h] = kv_b rows [h*KV + nope, (h+1)*KV) ([v, kv_lora]).
 #pragma omp parallel for schedule(static) if (dm.H > 1)
   for (int64_t h = 0; h < dm.H; ++h)
-    gemm(false, true, T, dm.v, L, 1.f, s.olat.data() + h * L, dm.H * L, w.kv_b_proj + (h * KV + dm.nope) * L, L, 0.f,
+    gemm(false, true, T, dm.v, L, 1.f, s.olat.data() + h * L, dm.H * L, w.kv_b_proj.offset((h * KV + dm.nope) * L), L, 0.f,
          s.o.data() + h * dm.v, dm.H * dm.v);
   gate_and_project<float>(out, x, w, dm, T, s.o.data(), dm.output_gate ? s.gate.data() : nullptr, nullptr);
 }

@@ -13,22 +13,24 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/weight_mat.h"
 
 namespace k3 {
 
 // Templates on the scalar type R (float for inference and training, double for gradient
 // checks); MLAWeights, MLACache, MLAScratch, ... are the float instantiations. The absorbed
 // decode is float only (inference).
+// Matrices as held (MatT: f32, or bf16 as a checkpoint stores them); norm gains f32.
 template <typename R>
 struct MLAWeightsT {
-  const R *q_a_proj,  // [q_lora, d]
-      *q_a_norm,      // [q_lora]
-      *q_b_proj,      // [H * (nope + rope), q_lora]
-      *kv_a_proj,     // [kv_lora + rope, d]   kv_a_proj_with_mqa
-      *kv_a_norm,     // [kv_lora]
-      *kv_b_proj,     // [H * (nope + v), kv_lora]
-      *o_proj,        // [d, H * v]
-      *g_proj;        // [H * v, d]            (used if output_gate)
+  MatT<R> q_a_proj;        // [q_lora, d]
+  const R* q_a_norm;       // [q_lora]
+  MatT<R> q_b_proj;        // [H * (nope + rope), q_lora]
+  MatT<R> kv_a_proj;       // [kv_lora + rope, d]   kv_a_proj_with_mqa
+  const R* kv_a_norm;      // [kv_lora]
+  MatT<R> kv_b_proj;       // [H * (nope + v), kv_lora]
+  MatT<R> o_proj;          // [d, H * v]
+  MatT<R> g_proj;          // [H * v, d]            (used if output_gate)
 };
 using MLAWeights = MLAWeightsT<float>;
 

@@ -27,8 +27,10 @@ void check_dims(const LatentMoEWeightsT<R>& w, const LatentMoEDims& dm) {
             "latent_moe: bad dimensions");
   K3_ASSERT(int64_t(w.w1.size()) == dm.E && int64_t(w.w3.size()) == dm.E && int64_t(w.w2.size()) == dm.E,
             "latent_moe: expert count differs from n_experts");
-  K3_ASSERT(w.router && w.down && w.up && (!dm.use_norm || w.latent_norm), "latent_moe: missing weight");
-  K3_ASSERT(dm.shared_width == 0 || (w.shared_w1 && w.shared_w3 && w.shared_w2), "latent_moe: missing shared weight");
+  K3_ASSERT(w.router.present() && w.down.present() && w.up.present() && (!dm.use_norm || w.latent_norm),
+            "latent_moe: missing weight");
+  K3_ASSERT(dm.shared_width == 0 || (w.shared_w1.present() && w.shared_w3.present() && w.shared_w2.present()),
+            "latent_moe: missing shared weight");
 }
 
 // Routes into saved->routing (training), else routing_out, else the scratch's.
@@ -102,9 +104,10 @@ void latent_moe_forward(float* out, const float* x, const LatentMoEWeights& w, c
 
 namespace {
 
-// y[r] = W[r, :] . x in double (W [rows, cols]).
+// y[r] = W[r, :] . x in double (W [rows, cols]; the reference reads f32 / double weights).
 template <typename R>
-void matvec(double* y, const R* W, const double* x, int64_t rows, int64_t cols) {
+void matvec(double* y, const MatT<R>& Wm, const double* x, int64_t rows, int64_t cols) {
+  const R* W = Wm;
   for (int64_t r = 0; r < rows; ++r) {
     double acc = 0;
     for (int64_t c = 0; c < cols; ++c) acc += double(W[r * cols + c]) * x[c];

@@ -13,22 +13,25 @@
 #include <vector>
 
 #include "kernels/moe.h"
+#include "kernels/weight_mat.h"
 
 namespace k3 {
 
 // Templates on the scalar type R: the dense reference forward and backward run in double for
 // gradient checks; the grouped paths are float. LatentMoEWeights, MoEScratch, ... are the
 // float instantiations.
+// Matrices as held (MatT: f32, or bf16 as a checkpoint stores them; the routed experts are
+// f32 or MXFP4, ExpertMatrixT); vectors f32.
 template <typename R>
 struct LatentMoEWeightsT {
-  const R* router;       // [E, d]   gate.weight
+  MatT<R> router;        // [E, d]   gate.weight
   const R* router_bias;  // [E]      gate.e_score_correction_bias (may be null; selection only)
-  const R* down;         // [l, d]   routed_expert_down_proj
-  const R* up;           // [d, l]   routed_expert_up_proj
+  MatT<R> down;          // [l, d]   routed_expert_down_proj
+  MatT<R> up;            // [d, l]   routed_expert_up_proj
   const R* latent_norm;  // [l]      routed_expert_norm (used if use_norm)
-  const R* shared_w1;    // [S*F, d] shared_experts.gate_proj (null if shared_width == 0)
-  const R* shared_w3;    // [S*F, d] shared_experts.up_proj
-  const R* shared_w2;    // [d, S*F] shared_experts.down_proj
+  MatT<R> shared_w1;     // [S*F, d] shared_experts.gate_proj (null if shared_width == 0)
+  MatT<R> shared_w3;     // [S*F, d] shared_experts.up_proj
+  MatT<R> shared_w2;     // [d, S*F] shared_experts.down_proj
   std::vector<ExpertMatrixT<R>> w1, w3, w2;  // E each: w1, w3 [F, l]; w2 [l, F]
 };
 using LatentMoEWeights = LatentMoEWeightsT<float>;

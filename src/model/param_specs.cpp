@@ -104,11 +104,27 @@ std::vector<ParamSpec> k3_param_specs(const K3Config& c) {
     }
   }
 
-  add(kModelPrefix + "final_res_norm.weight", {d}, Component::AttnRes, -1);
-  add(kModelPrefix + "final_res_proj.weight", {1, d}, Component::AttnRes, -1);
+  add(kOutputAttnResNormName, {d}, Component::AttnRes, -1);
+  add(kOutputAttnResProjName, {1, d}, Component::AttnRes, -1);
   add(kModelPrefix + "norm.weight", {d}, Component::FinalNorm, -1);
   if (!c.tie_word_embeddings) add(kLmHeadName, {V, d}, Component::LmHead, -1);
   return t;
+}
+
+std::string legacy_param_name(const std::string& name) {
+  if (name == kOutputAttnResNormName) return kModelPrefix + "final_res_norm.weight";
+  if (name == kOutputAttnResProjName) return kModelPrefix + "final_res_proj.weight";
+  return "";
+}
+
+std::string released_param_name(const std::string& legacy_name) {
+  for (const std::string* n : {&kOutputAttnResNormName, &kOutputAttnResProjName})
+    if (legacy_param_name(*n) == legacy_name) return *n;
+  return "";
+}
+
+bool is_vision_tensor_name(const std::string& name) {
+  return name.rfind(kVisionTowerPrefix, 0) == 0 || name.rfind(kMmProjectorPrefix, 0) == 0;
 }
 
 static bool ends_with(const std::string& s, const std::string& suffix) {

@@ -7,8 +7,10 @@
 // Shapes are PyTorch nn.Linear [out, in]. Dimension letters: d hidden, V vocab, H/D KDA
 // heads/head dim, K conv kernel, Hm MLA heads, E experts, l latent width, F expert width,
 // S shared experts, I dense FFN width.
-// k3cpp's own naming (not in the released checkpoint): the output AttnRes read
-// `final_res_norm.weight` [d] and `final_res_proj.weight` [1, d].
+// The output AttnRes read after the last layer is `output_attn_res_norm.weight` [d] and
+// `output_attn_res_proj.weight` [1, d], as the release names it (its config.json/index as
+// public K3 loaders read them); k3cpp wrote `final_res_norm`/`final_res_proj` before it
+// knew that, and still reads those names (legacy_param_name).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -38,6 +40,12 @@ struct ParamSpec {
 
 inline const std::string kModelPrefix = "language_model.model.";
 inline const std::string kLmHeadName = "language_model.lm_head.weight";
+inline const std::string kOutputAttnResNormName = kModelPrefix + "output_attn_res_norm.weight";
+inline const std::string kOutputAttnResProjName = kModelPrefix + "output_attn_res_proj.weight";
+// The release's vision tensors sit beside language_model.* (K3_REFERENCE section 11); a
+// text-only load skips them.
+inline const std::string kVisionTowerPrefix = "vision_tower.";
+inline const std::string kMmProjectorPrefix = "mm_projector.";
 
 // "language_model.model.layers.{i}."
 std::string layer_prefix(int64_t layer0);
@@ -45,6 +53,14 @@ std::string layer_prefix(int64_t layer0);
 // The whole table in a fixed order: embedding; per layer norms, AttnRes, mixer, FFN;
 // final AttnRes read, final norm; lm_head (absent when tie_word_embeddings).
 std::vector<ParamSpec> k3_param_specs(const K3Config& c);
+
+// The name k3cpp used for a table tensor before it adopted the released name, "" if none:
+// the output AttnRes read was `final_res_norm.weight` / `final_res_proj.weight`.
+std::string legacy_param_name(const std::string& name);
+// The inverse: the released name of a legacy name, "" if `legacy_name` is not one.
+std::string released_param_name(const std::string& legacy_name);
+// True for a `vision_tower.*` or `mm_projector.*` name.
+bool is_vision_tensor_name(const std::string& name);
 
 // True for a routed expert matrix name "...block_sparse_moe.experts.{e}.w{1,2,3}.weight".
 bool is_routed_expert_weight(const std::string& name);

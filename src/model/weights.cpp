@@ -5,7 +5,9 @@
 
 namespace k3 {
 
-ParamLayout::ParamLayout(const K3Config& cfg, ExpertStorage experts) : specs_(k3_param_specs(cfg)), experts_(experts) {
+ParamLayout::ParamLayout(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& bf16_held)
+    : specs_(k3_param_specs(cfg)), bf16_(bf16_held), experts_(experts) {
+  K3_ASSERT(bf16_.empty() || bf16_.size() == specs_.size(), "bf16_held has one entry per parameter");
   offsets_.resize(specs_.size());
   index_.reserve(specs_.size());
   int64_t off = 0;
@@ -16,10 +18,22 @@ ParamLayout::ParamLayout(const K3Config& cfg, ExpertStorage experts) : specs_(k3
       offsets_[i] = -1;
       continue;
     }
+    if (this->bf16_held(i)) {
+      K3_ASSERT(s.shape.size() == 2 && s.component != Component::RoutedExperts,
+                "only dense matrices can be held as bf16: " + s.name);
+      offsets_[i] = -1;
+      continue;
+    }
     offsets_[i] = off;
     off += (s.numel() + kParamAlign - 1) / kParamAlign * kParamAlign;
   }
   total_ = off;
+}
+
+bool ParamLayout::any_bf16() const {
+  for (bool b : bf16_)
+    if (b) return true;
+  return false;
 }
 
 int64_t ParamLayout::find(const std::string& name) const {
@@ -33,9 +47,35 @@ size_t ParamLayout::index(const std::string& name) const {
   return it->second;
 }
 
-WeightStore::WeightStore(const K3Config& cfg, ExpertStorage experts)
-    : cfg_(cfg), layout_(cfg, experts), buffer_(Tensor::zeros(DType::F32, {layout_.total_floats()})) {
+WeightStore::WeightStore(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& bf16_held)
+    : cfg_(cfg), layout_(cfg, experts, bf16_held), buffer_(Tensor::zeros(DType::F32, {layout_.total_floats()})) {
   if (experts == ExpertStorage::Mxfp4) mx_.resize(layout_.size());
+  if (layout_.any_bf16()) bf16_.resize(layout_.size());
+}
+
+Mat WeightStore::mat(size_t i) const {
+  if (layout_.bf16_held(i)) return Mat::from_bf16(bf16(i).data<uint16_t>());
+  return Mat(param(i));
+}
+
+const Tensor& WeightStore::bf16(size_t i) const {
+  K3_ASSERT(layout_.bf16_held(i) && i < bf16_.size() && bf16_[i].defined(),
+            "no bf16 matrix held for " + layout_.spec(i).name);
+  return bf16_[i];
+}
+
+void WeightStore::set_bf16(size_t i, Tensor t) {
+  const ParamSpec& s = layout_.spec(i);
+  K3_ASSERT(layout_.bf16_held(i) && t.dtype() == DType::BF16 && t.shape() == s.shape,
+            "bf16 matrix does not match its parameter: " + s.name);
+  bf16_[i] = std::move(t);
+}
+
+int64_t WeightStore::bf16_bytes() const {
+  int64_t n = 0;
+  for (const Tensor& t : bf16_)
+    if (t.defined()) n += t.numel() * 2;
+  return n;
 }
 
 float* WeightStore::param(size_t i) {

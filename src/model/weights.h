@@ -4,7 +4,10 @@
 // llm.c layout: one allocation, one table of {name, shape}, offsets derived from it).
 // Routed experts may instead be held as MXFP4 (ExpertStorage::Mxfp4: inference only; the
 // matrices then have no slot in the f32 buffer and live as Mxfp4Matrix, zero-copy views of
-// the mmap'ed checkpoint when it stores them so). Training always uses Plain.
+// the mmap'ed checkpoint when it stores them so). Training always uses Plain. Likewise, for
+// inference, the dense matrices a checkpoint stores as bf16 may stay bf16 (bf16_held: no slot
+// in the f32 buffer; zero-copy views of the mapped file), read through mat() by the kernels
+// (kernels/weight_mat.h), so a decode step reads the bytes the checkpoint holds.
 // Lookup by released name is one hash lookup; spec positions are stable table indices.
 #pragma once
 #include <cstdint>
@@ -14,6 +17,7 @@
 
 #include "core/tensor.h"
 #include "io/config.h"
+#include "kernels/weight_mat.h"
 #include "model/param_specs.h"
 
 namespace k3 {
@@ -25,13 +29,16 @@ class ParamLayout {
   static constexpr int64_t kParamAlign = 16;  // floats = 64 bytes
 
   ParamLayout() = default;
-  ParamLayout(const K3Config& cfg, ExpertStorage experts);
+  // bf16_held: by table position, the dense matrices held as bf16 (empty: none).
+  ParamLayout(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& bf16_held = {});
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   size_t size() const { return specs_.size(); }
   const ParamSpec& spec(size_t i) const { return specs_.at(i); }
   int64_t offset(size_t i) const { return offsets_.at(i); }  // -1: not in the buffer
   bool in_buffer(size_t i) const { return offsets_.at(i) >= 0; }
+  bool bf16_held(size_t i) const { return i < bf16_.size() && bf16_[i]; }
+  bool any_bf16() const;
   int64_t total_floats() const { return total_; }  // buffer length (multiple of kParamAlign)
   ExpertStorage experts() const { return experts_; }
   int64_t find(const std::string& name) const;  // table position, -1 if K3 has no such tensor
@@ -40,6 +47,7 @@ class ParamLayout {
  private:
   std::vector<ParamSpec> specs_;
   std::vector<int64_t> offsets_;
+  std::vector<bool> bf16_;
   std::unordered_map<std::string, size_t> index_;
   int64_t total_ = 0;
   ExpertStorage experts_ = ExpertStorage::Plain;
@@ -48,8 +56,9 @@ class ParamLayout {
 class WeightStore {
  public:
   WeightStore() = default;
-  // Zero-filled buffer; with Mxfp4 experts the MXFP4 slots start empty (set_mxfp4 fills them).
-  WeightStore(const K3Config& cfg, ExpertStorage experts);
+  // Zero-filled buffer; with Mxfp4 experts the MXFP4 slots start empty (set_mxfp4 fills them),
+  // as do the bf16-held matrices (set_bf16).
+  WeightStore(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& bf16_held = {});
   WeightStore(WeightStore&&) = default;
   WeightStore& operator=(WeightStore&&) = default;
   WeightStore(const WeightStore&) = delete;
@@ -72,6 +81,14 @@ class WeightStore {
   // A Tensor view [spec shape] of parameter i sharing the buffer (kept alive by the view).
   Tensor tensor(size_t i) const;
 
+  // A weight matrix as held: the f32 slot, or the bf16 tensor (kernels/weight_mat.h).
+  Mat mat(size_t i) const;
+  Mat mat(const std::string& name) const { return mat(layout_.index(name)); }
+  // bf16-held dense matrices (layout().bf16_held(i)).
+  const Tensor& bf16(size_t i) const;
+  void set_bf16(size_t i, Tensor t);  // K3_ASSERT on a dtype or shape that is not the spec's
+  int64_t bf16_bytes() const;          // total bytes of the bf16-held matrices
+
   // MXFP4-held routed experts (expert_storage() == Mxfp4 only).
   bool has_mxfp4(size_t i) const { return i < mx_.size() && mx_[i].rows > 0; }
   const Mxfp4Matrix& mxfp4(size_t i) const;
@@ -82,6 +99,7 @@ class WeightStore {
   ParamLayout layout_;
   Tensor buffer_;                // F32 [total_floats]
   std::vector<Mxfp4Matrix> mx_;  // by table position; filled only for MXFP4-held experts
+  std::vector<Tensor> bf16_;     // by table position; filled only for bf16-held matrices
 };
 
 }  // namespace k3

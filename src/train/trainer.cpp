@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/simd_target.h"
 #include "core/threads.h"
 #include "io/atomic_file.h"
 #include "model/checkpoint.h"
@@ -47,6 +48,24 @@ std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
   return buf;
+}
+
+// The model config as a training checkpoint records and compares it: the architecture,
+// serialised by this build, so a checkpoint whose config an older k3cpp wrote (before the
+// released top-level fields) still resumes; quantisation, vision and token ids do not change
+// what is trained.
+std::string model_record(K3Config c) {
+  c.model_type.clear(), c.architectures.clear();
+  c.bos_token_id = c.eos_token_id = c.pad_token_id = c.media_placeholder_token_id = -1;
+  c.quantization = {}, c.vision = {};
+  return config_to_hf_json(c);
+}
+std::string model_record(const std::string& recorded, const std::string& source) {
+  try {
+    return model_record(parse_config(recorded, source));
+  } catch (const Error&) {
+    return recorded;  // unparsable: compared as it is, so it shows up as a difference
+  }
 }
 
 std::string rate(double tps) { return tps >= 1000 ? fmt("%.1fk", tps / 1000) : fmt("%.0f", tps); }
@@ -155,7 +174,7 @@ void Trainer::Impl::setup() {
   unigram_bpb = unigram_bits_per_byte(data, tok.vocab_size());
   corpus_hash = content_hash_i32(data.train, data.heldout);
   run_fp = run_fingerprint(run);
-  model_json = config_to_hf_json(cfg);
+  model_json = model_record(cfg);
   for (size_t i = 0; i < run.stages.size(); ++i) {
     const StageConfig& s = run.stages[i];
     steps_of.push_back((s.tokens + run.batch_tokens - 1) / run.batch_tokens);
@@ -238,10 +257,11 @@ void Trainer::Impl::load_checkpoint(const K3Config& cfg) {
       if (s.name.find("gate.e_score_correction_bias") == std::string::npos) expect += 2 * s.numel();
   }
   st = load_train_state(tsp, opt_state, expect);
+  st.model_json = model_record(st.model_json, tsp);
   const std::string diff = compare_fingerprint(st, run_fp, model_json, corpus_hash);
   if (!diff.empty())
     fail_input(tsp, "", "does not match the run file " + run.path + ": " + diff + "; the checkpoint was left as it is");
-  if (config_to_hf_json(md.config) != st.model_json)
+  if (model_record(md.config) != st.model_json)
     fail_input(md.config_path, "", "differs from the model config recorded in train_state.safetensors (replaced or corrupted checkpoint)");
   if (load_model_tokenizer(md).to_json() != tok.to_json())
     fail_input(md.tokenizer_path, "special_tokens", "differ from the byte tokenizer this run trains with");
@@ -516,7 +536,9 @@ void Trainer::Impl::begin() {
   metrics.write({{"type", opt.resume ? "resume" : "start"}, {"step", st.step}, {"run", run.path},
                  {"model", run.model_config}, {"parameters", n_params}, {"threads", P},
                  {"total_steps", total_steps}, {"train_tokens", int64_t(data.train.size())},
-                 {"heldout_tokens", int64_t(data.heldout.size())}, {"unigram_bpb", unigram_bpb}});
+                 {"heldout_tokens", int64_t(data.heldout.size())}, {"unigram_bpb", unigram_bpb},
+                 {"cpu", cpu_model_name()}, {"simd_target", simd_target().name}});
+  progress.message("train: " + machine_summary());
   progress.message("train: " + std::to_string(n_params) + " trained parameters, " + std::to_string(data.train.size()) +
                    " train / " + std::to_string(data.heldout.size()) + " held-out tokens (unigram baseline " +
                    fmt("%.3f", unigram_bpb) + " bits/byte), " + std::to_string(n_stages) + " stages, " +

@@ -8,6 +8,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "common/fixture.h"
 #include "core/error.h"
@@ -293,4 +294,84 @@ TEST(Config, HfRoundTrip) {
   k3::K3Config u = k3::parse_config(manifest_config().dump(), "m");
   u.has_gate_lower_bound = false;
   EXPECT_FALSE(k3::parse_config(k3::config_to_hf_json(u), "u").has_gate_lower_bound);
+}
+
+// The released config.json (tests/data/k3-release-tiny, tools/make_release_fixture.py): every
+// top-level field, quantization_config and vision_config are read, checked and written back.
+TEST(Config, ReleasedConfigRoundTrip) {
+  const std::string path = k3::test::data_path("k3-release-tiny/config.json");
+  k3::K3Config a = k3::load_config(path);
+  EXPECT_EQ(a.model_type, "kimi_k3");
+  EXPECT_TRUE(a.quantization.present);
+  EXPECT_TRUE(a.vision.present);
+  k3::K3Config b = k3::parse_config(k3::config_to_hf_json(a), "roundtrip");
+  EXPECT_EQ(b.architectures, a.architectures);
+  EXPECT_EQ(b.eos_token_id, a.eos_token_id);
+  EXPECT_EQ(b.media_placeholder_token_id, a.media_placeholder_token_id);
+  EXPECT_EQ(b.quantization.ignore, a.quantization.ignore);
+  EXPECT_EQ(b.quantization.format, a.quantization.format);
+  EXPECT_EQ(b.vision.num_hidden_layers, a.vision.num_hidden_layers);
+  EXPECT_EQ(b.vision.merge_kernel_size, a.vision.merge_kernel_size);
+  EXPECT_EQ(b.vision.mm_projector_type, "patchmergerv2");
+  EXPECT_EQ(k3::config_to_hf_json(b), k3::config_to_hf_json(a));
+  // The writer's block is the release's (what the fixture states).
+  const json q = json::parse(slurp(path))["text_config"]["quantization_config"];
+  EXPECT_EQ(q["ignore"], json(k3::release_mxfp4_quantization().ignore));
+}
+
+TEST(Config, ReleasedFieldsAreValidated) {
+  const json base = json::parse(slurp(k3::test::data_path("k3-release-tiny/config.json")));
+  struct Case {
+    const char* what;
+    std::function<void(json&)> mutate;
+    const char* field;
+    const char* detail;
+  };
+  const std::vector<Case> cases = {
+      {"quant method", [](json& j) { j["text_config"]["quantization_config"]["quant_method"] = "gptq"; },
+       "text_config.quantization_config.quant_method", "unsupported quantization method \"gptq\""},
+      {"quant method missing", [](json& j) { j["text_config"]["quantization_config"].erase("quant_method"); },
+       "text_config.quantization_config.quant_method", "missing"},
+      {"format", [](json& j) { j["text_config"]["quantization_config"]["format"] = "nvfp4-pack-quantized"; },
+       "text_config.quantization_config.format", "nvfp4-pack-quantized"},
+      {"bits", [](json& j) { j["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8; },
+       "text_config.quantization_config.config_groups.group_0.weights.num_bits", "8"},
+      {"group", [](json& j) { j["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 16; },
+       "config_groups.group_0.weights.group_size", "16"},
+      {"int type", [](json& j) { j["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]["type"] = "int"; },
+       "config_groups.group_0.weights.type", "\"int\""},
+      {"status", [](json& j) { j["text_config"]["quantization_config"]["quantization_status"] = "frozen"; },
+       "text_config.quantization_config.quantization_status", "frozen"},
+      {"top-level quantization", [](json& j) { j["quantization_config"] = {{"quant_method", "bitsandbytes"}}; },
+       "cfg.json: quantization_config.quant_method", "bitsandbytes"},
+      {"model type", [](json& j) { j["model_type"] = "deepseek_v3"; }, "cfg.json: model_type", "deepseek_v3"},
+      {"text model type", [](json& j) { j["text_config"]["model_type"] = "llama"; }, "text_config.model_type", "llama"},
+      {"architectures", [](json& j) { j["architectures"] = "KimiK3ForConditionalGeneration"; }, "architectures", "array"},
+      {"eos", [](json& j) { j["eos_token_id"] = 544; }, "cfg.json: eos_token_id", "outside the vocabulary 0..543"},
+      {"eos twice", [](json& j) { j["text_config"]["eos_token_id"] = 1; }, "text_config.eos_token_id", "disagrees"},
+      {"vision width", [](json& j) { j["vision_config"]["text_hidden_size"] = 32; }, "vision_config.text_hidden_size",
+       "differs from text_config.hidden_size 64"},
+      {"vision layers", [](json& j) { j["vision_config"].erase("vt_num_hidden_layers"); },
+       "vision_config.vt_num_hidden_layers", "missing"},
+      {"vision merge", [](json& j) { j["vision_config"]["merge_kernel_size"] = json::array({2}); }, "vision_config.merge_kernel_size",
+       "two"},
+      {"vision heads", [](json& j) { j["vision_config"]["vt_num_attention_heads"] = 3; }, "vision_config.qkv_hidden_size",
+       "multiple"},
+  };
+  for (const Case& k : cases) {
+    json j = base;
+    k.mutate(j);
+    const std::string msg = error_of([&] { k3::parse_config(j.dump(), "cfg.json"); });
+    EXPECT_EQ(msg.rfind("cfg.json: ", 0), 0u) << k.what << ": " << msg;
+    EXPECT_NE(msg.find(k.field), std::string::npos) << k.what << ": " << msg;
+    EXPECT_NE(msg.find(k.detail), std::string::npos) << k.what << ": " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << k.what << ": " << msg;
+  }
+  // Null quantization/vision blocks mean "none" (as Hugging Face writes absent sub-configs).
+  json j = base;
+  j["text_config"]["quantization_config"] = nullptr;
+  j["vision_config"] = nullptr;
+  const k3::K3Config c = k3::parse_config(j.dump(), "cfg.json");
+  EXPECT_FALSE(c.quantization.present);
+  EXPECT_FALSE(c.vision.present);
 }

@@ -15,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "common/fixture.h"
 #include "io/atomic_file.h"
+#include "kernels/gemm.h"
 #include "model/checkpoint.h"
 #include "model/init.h"
 
@@ -130,7 +132,9 @@ TEST(Checkpoint, Mxfp4ExpertsKeptAsViewsOrDequantised) {
 
   WeightStore q = load_weights(ck, c);
   ASSERT_EQ(q.expert_storage(), ExpertStorage::Mxfp4);
-  WeightStore f = load_weights(ck, c, {true});
+  LoadOptions deq;
+  deq.dequantize_experts = true;
+  WeightStore f = load_weights(ck, c, deq);
   ASSERT_EQ(f.expert_storage(), ExpertStorage::Plain);
   const SafetensorsFile& file = *ck.files().at(0);
   int n = 0;
@@ -302,7 +306,9 @@ TEST(Checkpoint, LoadedModelComputesTheSameLogits) {
   save_checkpoint(t.sub("m"), init_weights(c, {9, ExpertStorage::Mxfp4, 0.1}), so);
   const K3Model m = load_model(t.sub("m"));
   ASSERT_EQ(m.weights().expert_storage(), ExpertStorage::Mxfp4);
-  const K3Model f = load_model(t.sub("m"), {true});
+  LoadOptions deq;
+  deq.dequantize_experts = true;
+  const K3Model f = load_model(t.sub("m"), deq);
   const std::vector<int32_t> ids = {5, 9, 200, 31, 7, 7, 100};
   std::vector<float> a(ids.size() * 256), b(ids.size() * 256);
   DecodeState sa = m.new_state(), sb = f.new_state();
@@ -312,4 +318,55 @@ TEST(Checkpoint, LoadedModelComputesTheSameLogits) {
   double mx = 0;
   for (size_t i = 0; i < a.size(); ++i) mx = std::max(mx, double(std::fabs(a[i] - b[i])));
   EXPECT_LT(mx, 1e-4);  // MXFP4 experts (dequantised per use) == the dequantised f32 copy
+}
+
+// bf16 dense matrices kept as stored (what generate / forward / eval load): every dense matrix
+// of a bf16 checkpoint is a zero-copy bf16 view, the f32 buffer holds only the vectors, and
+// the logits equal those of the same checkpoint widened to f32: bitwise for decode-sized calls
+// (the few-row tiles widen in registers, in the f32 order), within float rounding for a
+// prefill (panels widened for sgemm).
+TEST(Checkpoint, Bf16DenseWeightsKeptAsStoredGiveTheWidenedLogits) {
+  TempDir t;
+  const K3Config c = small_config();
+  SaveOptions so;
+  so.experts = ExpertStorage::Mxfp4;
+  so.dense_dtype = DType::BF16;
+  save_checkpoint(t.sub("m"), init_weights(c, {9, ExpertStorage::Mxfp4, 0.1}), so);
+  LoadOptions as_stored;
+  as_stored.dense_as_stored = true;
+  const K3Model m = load_model(t.sub("m"), as_stored);
+  const K3Model f = load_model(t.sub("m"));
+  const ParamLayout& lay = m.weights().layout();
+  int64_t held = 0, f32_floats = 0;
+  for (size_t i = 0; i < lay.size(); ++i) {
+    const ParamSpec& sp = lay.spec(i);
+    const bool matrix = sp.shape.size() == 2 && sp.shape[0] > 1 && sp.shape[1] > 1 &&
+                        sp.component != Component::RoutedExperts;
+    EXPECT_EQ(lay.bf16_held(i), matrix) << sp.name;
+    if (lay.bf16_held(i)) ++held;
+    else if (lay.in_buffer(i)) f32_floats += sp.numel();
+  }
+  EXPECT_GT(held, 10);
+  EXPECT_LE(m.weights().size(), f32_floats + 16 * int64_t(lay.size()));  // vectors only (plus alignment)
+  EXPECT_LT(m.weights().size() * 4, m.weights().bf16_bytes());
+  const std::vector<int32_t> ids = {5, 9, 200, 31, 7, 7, 100, 3, 64};
+  const int64_t V = c.vocab_size, T = int64_t(ids.size());
+  // Decode: token by token, bitwise.
+  DecodeState sa = m.new_state(), sb = f.new_state();
+  ForwardScratch s;
+  std::vector<float> a(V), b(V);
+  for (int64_t i = 0; i < T; ++i) {
+    m.forward(a.data(), &ids[size_t(i)], 1, sa, s);
+    f.forward(b.data(), &ids[size_t(i)], 1, sb, s);
+    ASSERT_EQ(a, b) << "decode step " << i;
+  }
+  // A prefill longer than the few-row threshold: the sgemm path on widened panels.
+  std::vector<int32_t> long_ids(size_t(kGemvMaxRows + 9));
+  for (size_t i = 0; i < long_ids.size(); ++i) long_ids[i] = int32_t((i * 37 + 11) % uint64_t(V));
+  const int64_t TL = int64_t(long_ids.size());
+  std::vector<float> pa(size_t(TL * V)), pb(size_t(TL * V));
+  DecodeState qa = m.new_state(), qb = f.new_state();
+  m.forward(pa.data(), long_ids.data(), TL, qa, s);
+  f.forward(pb.data(), long_ids.data(), TL, qb, s);
+  test::expect_close(pa.data(), pb.data(), TL * V, 1e-5, 1e-5, "prefill, bf16 as stored vs widened");
 }

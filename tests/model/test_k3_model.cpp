@@ -161,8 +161,8 @@ std::vector<float> reference_logits(const K3Model& m, const std::vector<int32_t>
     }
     for (size_t j = 0; j < f.size(); ++j) partial[j] += f[j];
   }
-  std::vector<float> hout = ref_attn_res(sources(partial), w.param(kModelPrefix + "final_res_norm.weight"),
-                                         w.param(kModelPrefix + "final_res_proj.weight"), T, d, dm.eps);
+  std::vector<float> hout = ref_attn_res(sources(partial), w.param(kOutputAttnResNormName),
+                                         w.param(kOutputAttnResProjName), T, d, dm.eps);
   std::vector<float> hn = ref_rmsnorm(hout, w.param(kModelPrefix + "norm.weight"), T, d, dm.eps);
   const float* head = c.tie_word_embeddings ? embed : w.param(kLmHeadName);
   std::vector<float> logits(size_t(T * V));
@@ -296,7 +296,7 @@ TEST(Init, FollowsTheRecipes) {
   auto rule = [&](const std::string& n) { return init_rule(w.layout().spec(w.layout().index(n))); };
   EXPECT_EQ(rule(layer_prefix(1) + "self_attention_res_proj.weight"), InitRule::Zeros);
   EXPECT_EQ(rule(layer_prefix(1) + "mlp_res_norm.weight"), InitRule::Ones);
-  EXPECT_EQ(rule(kModelPrefix + "final_res_proj.weight"), InitRule::Zeros);
+  EXPECT_EQ(rule(kOutputAttnResProjName), InitRule::Zeros);
   EXPECT_EQ(rule(layer_prefix(1) + "block_sparse_moe.gate.e_score_correction_bias"), InitRule::Zeros);
   EXPECT_EQ(rule(layer_prefix(1) + "self_attn.A_log"), InitRule::ALog);
   EXPECT_EQ(rule(layer_prefix(3) + "self_attn.o_proj.weight"), InitRule::ScaledNormal);

@@ -25,9 +25,10 @@ struct LayerFix {
     const char* names[] = {"q_proj", "k_proj", "v_proj", "q_conv", "k_conv", "v_conv", "f_a",
                            "f_b",    "b_proj", "g_proj", "o_norm", "o_proj", "A_log",  "dt_bias"};
     for (const char* n : names) t.push_back(fx.tensor(n));
-    const float** ptrs[] = {&w.q_proj, &w.k_proj, &w.v_proj, &w.q_conv, &w.k_conv, &w.v_conv, &w.f_a,
-                            &w.f_b,    &w.b_proj, &w.g_proj, &w.o_norm, &w.o_proj, &w.A_log,  &w.dt_bias};
-    for (size_t i = 0; i < t.size(); ++i) *ptrs[i] = t[i].data.data();
+    auto p = [&](size_t i) { return t[i].data.data(); };
+    w.q_proj = p(0), w.k_proj = p(1), w.v_proj = p(2), w.q_conv = p(3), w.k_conv = p(4), w.v_conv = p(5);
+    w.f_a = p(6), w.f_b = p(7), w.b_proj = p(8), w.g_proj = p(9), w.o_norm = p(10), w.o_proj = p(11);
+    w.A_log = p(12), w.dt_bias = p(13);
     const int64_t H = int64_t(fx.num("H")), D = int64_t(fx.num("d_k"));
     dims = {t[0].shape[1], H, D, int64_t(fx.num("conv_k")), true, fx.num("lower_bound"), fx.num("rms_eps")};
     // Shapes as the header documents them.

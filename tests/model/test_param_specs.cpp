@@ -152,8 +152,15 @@ TEST(ParamSpecs, GlobalTensorsAndTiedEmbeddings) {
   EXPECT_EQ(t.at(k3::kModelPrefix + "embed_tokens.weight").shape, (k3::Shape{256, 128}));
   EXPECT_EQ(t.at(k3::kLmHeadName).shape, (k3::Shape{256, 128}));
   EXPECT_EQ(t.at(k3::kModelPrefix + "norm.weight").component, k3::Component::FinalNorm);
-  EXPECT_EQ(t.at(k3::kModelPrefix + "final_res_proj.weight").shape, (k3::Shape{1, 128}));
-  EXPECT_EQ(t.at(k3::kModelPrefix + "final_res_norm.weight").layer, -1);
+  EXPECT_EQ(t.at(k3::kModelPrefix + "output_attn_res_proj.weight").shape, (k3::Shape{1, 128}));
+  EXPECT_EQ(t.at(k3::kModelPrefix + "output_attn_res_norm.weight").layer, -1);
+  // The names k3cpp wrote before the release are known, and map back (release_layout.h).
+  EXPECT_EQ(k3::legacy_param_name(k3::kOutputAttnResNormName), k3::kModelPrefix + "final_res_norm.weight");
+  EXPECT_EQ(k3::released_param_name(k3::kModelPrefix + "final_res_proj.weight"), k3::kOutputAttnResProjName);
+  EXPECT_EQ(k3::legacy_param_name(k3::kModelPrefix + "norm.weight"), "");
+  EXPECT_EQ(k3::released_param_name(k3::kOutputAttnResNormName), "");
+  EXPECT_TRUE(k3::is_vision_tensor_name("mm_projector.proj.0.weight"));
+  EXPECT_FALSE(k3::is_vision_tensor_name("language_model.vision_tower.x"));
   // Layer 0 is dense (first_k_dense_replace = 1): SiTU-GLU FFN, no router.
   EXPECT_EQ(t.at(k3::layer_prefix(0) + "mlp.down_proj.weight").shape, (k3::Shape{128, 96}));
   EXPECT_FALSE(t.count(k3::layer_prefix(0) + "block_sparse_moe.gate.weight"));

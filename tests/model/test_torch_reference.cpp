@@ -11,7 +11,8 @@
 //  - `k3_torch_check.py grads` writes one F32 gradient per trainable parameter (no router
 //    bias) and a loss equal to the cross-entropy of k3cpp's own logits;
 //  - k3cpp's training backward (train/model_grad.h, float and double) == those gradients,
-//    relative error per tensor.
+//    relative error per tensor;
+//  - the same logits on the released-layout fixture tests/data/k3-release-tiny.
 // Needs /usr/bin/python3 with torch (scripts/setup.sh installs python3-torch); without it the
 // tests skip and say why.
 #include <gtest/gtest.h>
@@ -184,6 +185,8 @@ double rel_max_err(const std::vector<float>& a, const std::vector<float>& b) {
   return num / den;
 }
 
+void compare_logits(const std::string& dir, const std::string& tmp);
+
 // Saves a fresh test model into <tmp>/model and checks the torch logits against k3cpp's.
 void check_logits(const K3Config& cfg, const std::string& tmp, ExpertStorage ex, DType dense) {
   const std::string dir = tmp + "/model";
@@ -194,8 +197,13 @@ void check_logits(const K3Config& cfg, const std::string& tmp, ExpertStorage ex,
     so.experts = ex;
     save_checkpoint(dir, w, so);
   }
+  compare_logits(dir, tmp);
+}
+
+// k3cpp's logits of the model directory `dir` against the torch float64 logits.
+void compare_logits(const std::string& dir, const std::string& tmp) {
   const K3Model model = load_model(dir);  // what `k3cpp forward` runs
-  const int64_t T = 40, V = cfg.vocab_size;
+  const int64_t T = 40, V = model.config().vocab_size;
   const std::vector<int32_t> ids = make_ids(T, V, 3);
   const std::string out = tmp + "/torch_logits.f32";
   const RunResult r = run(tool_cmd() + " forward " + dir + " --ids " +
@@ -236,6 +244,16 @@ TEST(TorchReference, LogitsMatchBf16Mxfp4Checkpoint) {
   TempDir tmp;
   ASSERT_FALSE(tmp.path().empty());
   check_logits(test_config(32, 32), tmp.path(), ExpertStorage::Mxfp4, DType::BF16);
+}
+
+// The checkpoint in the released layout (tests/data/k3-release-tiny: bf16/f32 tensors as the
+// release stores them, MXFP4 experts, A_log zero-padded, vision tensors to skip): both
+// implementations read it the same way.
+TEST(TorchReference, LogitsMatchReleasedLayoutFixture) {
+  REQUIRE_TORCH();
+  TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  compare_logits(std::string(K3_TEST_DATA_DIR) + "/k3-release-tiny", tmp.path());
 }
 
 // A checkpoint of the test model (seed 99) in <tmp>/model, B rows of T+1 tokens in

