@@ -93,15 +93,20 @@ std::vector<SpecialToken> k3_special_tokens(int32_t base) {
 }
 
 std::string k3_tokenizer_config_json(int32_t base) {
+  // As K3 ships it: only the named ids in added_tokens_decoder (loaders name the rest
+  // <|reserved_token_ID|>), the stop and media tokens as additional special tokens.
   json dec = json::object();
-  for (const auto& t : k3_special_tokens(base))
-    dec[std::to_string(t.id)] = {{"content", t.name}, {"lstrip", false}, {"normalized", false},
-                                 {"rstrip", false}, {"single_word", false}, {"special", t.special}};
+  for (const auto& n : kK3Named)
+    dec[std::to_string(base + n.offset)] = {{"content", n.name}, {"lstrip", false}, {"normalized", false},
+                                            {"rstrip", false}, {"single_word", false}, {"special", n.special}};
   json j = {{"added_tokens_decoder", dec},
+            {"additional_special_tokens",
+             {"<|end_of_msg|>", "<|media_begin|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>"}},
             {"bos_token", "[BOS]"},
             {"eos_token", "[EOS]"},
             {"unk_token", "[UNK]"},
             {"pad_token", "[PAD]"},
+            {"clean_up_tokenization_spaces", false},
             {"tokenizer_class", "TikTokenTokenizer"},
             {"model_max_length", 1048576}};
   return j.dump(2) + "\n";
