@@ -11,6 +11,8 @@ PKGS=(
   libgtest-dev libgmock-dev   # tests
   libbenchmark-dev            # benchmarks
   bible-kjv                   # default training corpus (`bible` prints the KJV text)
+  libpcre2-dev                # tokenizer pre-tokenizer regex (PCRE2 with JIT)
+  nodejs                      # tokenizer oracle: the npm package tiktoken (tools/oracle)
   python3-torch python3-numpy # independent PyTorch implementation in tools/ (tests, benchmarks)
 )
 missing=()
@@ -19,11 +21,31 @@ for p in "${PKGS[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PKGS[@]} packages present"
-  exit 0
+else
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-echo "setup: installing ${missing[*]}"
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# npm comes with some nodejs builds (NodeSource's) and is a separate Debian package otherwise.
+if ! command -v npm >/dev/null 2>&1; then
+  echo "setup: installing npm"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends npm
+fi
+
+# The tokenizer oracle's npm packages, pinned by tools/oracle/package-lock.json; skipped when
+# node_modules already holds the pinned tiktoken.
+ORACLE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tools/oracle"
+want=$(node -e 'console.log(require(process.argv[1]).packages["node_modules/tiktoken"].version)' "$ORACLE/package-lock.json")
+have=$(node -e 'try{console.log(require(process.argv[1]).version)}catch(e){console.log("none")}' "$ORACLE/node_modules/tiktoken/package.json")
+if [ "$want" = "$have" ]; then
+  echo "setup: npm tiktoken $have present"
+else
+  echo "setup: npm ci in tools/oracle (tiktoken $want)"
+  (cd "$ORACLE" && npm ci --no-audit --no-fund --loglevel=error)
+fi

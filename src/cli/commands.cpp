@@ -16,6 +16,9 @@ int cmd_forward(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
+int cmd_tokenize(const std::vector<std::string>& args);
+int cmd_detokenize(const std::vector<std::string>& args);
+int cmd_tokenizer(const std::vector<std::string>& args);
 
 static const Command kCommands[] = {
     {"plan", "parameter counts, memory, FLOPs and placement for a config", cmd_plan},
@@ -25,6 +28,9 @@ static const Command kCommands[] = {
     {"generate", "generate tokens from a prompt (greedy or sampled), streaming", cmd_generate},
     {"train", "train a model from a run file (stages, checkpoints, resume)", cmd_train},
     {"eval", "held-out loss, bits/byte and MoE routing balance of a model", cmd_eval},
+    {"tokenize", "encode text with a tiktoken vocabulary (K3's tokenizer), print the ids", cmd_tokenize},
+    {"detokenize", "decode token ids with a tiktoken vocabulary", cmd_detokenize},
+    {"tokenizer", "tokenizer train: learn a BPE vocabulary in tiktoken's format", cmd_tokenizer},
 };
 
 const Command* find_command(const std::string& name) {
