@@ -21,6 +21,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -50,8 +52,15 @@ inline void BM_MachineSgemm(benchmark::State& st) {
 }
 
 // The first line of every benchmark log: the CPU and the SIMD target the kernels dispatch to
-// (K3_SIMD_TARGET forces a lower one).
+// (K3_SIMD_TARGET forces a lower one; applied here too, since this initialiser may run before
+// core's own, and applying it twice is the same).
 inline const bool kPrintedMachine = [] {
+  try {
+    apply_simd_target_from_env();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "k3cpp benchmark: error: %s\n", e.what());
+    std::exit(2);
+  }
   std::printf("k3cpp benchmark: %s\n", machine_summary().c_str());
   std::fflush(stdout);
   return true;

@@ -14,7 +14,8 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for t in $targets; do
   K3_SIMD_TARGET=$t "$BIN" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
-    --benchmark_format=json >"$out/$t.json" 2>/dev/null
+    --benchmark_out="$out/$t.json" --benchmark_out_format=json >"$out/$t.txt" 2>&1
+  head -1 "$out/$t.txt"  # the machine line: CPU and the dispatched target
 done
 python3 - "$out" $targets <<'PY'
 import json, sys
@@ -22,6 +23,8 @@ out, targets = sys.argv[1], sys.argv[2:]
 rows = [("kernel/gemv_f32", "GB/s", "GB/s"), ("kernel/gemv_bf16", "GB/s", "GB/s"),
         ("kernel/mxfp4_linear/rows:1", "Gweights/s", "G weights/s"),
         ("kernel/mxfp4_linear/rows:4", "Gweights/s", "G weights/s"),
+        ("kernel/expert_prefill/n:37", "GFLOP/s", "GFLOP/s"), ("kernel/expert_prefill/n:16", "GFLOP/s", "GFLOP/s"),
+        ("kernel/mxfp4_dequantize", "Gweights/s", "G weights/s"),
         ("kernel/situ", "Gvalues/s", "G values/s"), ("kernel/mm_f32", "GFLOP/s", "GFLOP/s"),
         ("machine/fma_peak_1thread", "GFLOP/s", "GFLOP/s")]
 res, ctx = {}, None
@@ -33,7 +36,8 @@ for t in targets:
         name = b["run_name"].replace("/real_time", "")
         res[(t, name)] = b
 base = targets[-1]
-print(f"CPU: {ctx.get('host_name', '')}, {ctx['num_cpus']} CPUs at {ctx['mhz_per_cpu']} MHz; one thread; median of 3")
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+print(f"CPU: {cpu}, {ctx['num_cpus']} CPUs at {ctx['mhz_per_cpu']} MHz; one thread; median of 3 repetitions")
 print("| kernel | unit | " + " | ".join(t.upper() for t in targets) + " | " +
       " | ".join(f"{t.upper()} / {base.upper()}" for t in targets[:-1]) + " |")
 print("|" + "---|" * (2 + 2 * len(targets) - 1))

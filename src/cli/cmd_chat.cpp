@@ -1,0 +1,288 @@
+// `k3cpp chat <model dir> [--system TEXT] [--effort low|high|max] [--no-think] [--tools FILE]
+//             [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
+//             [--threads N] [--no-color]`
+// A terminal chat in K3's XTML format (io/chat_render.h) with its tiktoken vocabulary
+// (tiktoken.model + tokenizer_config.json beside the checkpoint, io/tiktoken.h). Each turn
+// renders the conversation, and only the segments after what the session already holds are
+// encoded and prefilled: the KDA states and MLA caches carry over from turn to turn (the
+// generated tokens stay in the session as the model wrote them). The reply streams through
+// the output parser (io/chat_parse.h): reasoning dimmed on a terminal, then the answer, tool
+// calls as one line each; tokens/s per turn on stderr. Ctrl-C stops the generation and keeps
+// the session; Ctrl-D (end of input) ends the chat. With --prompt, or with input that is not
+// a terminal, each line is one user turn (scripts).
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/threads.h"
+#include "infer/sampler.h"
+#include "infer/session.h"
+#include "io/chat_json.h"
+#include "io/chat_parse.h"
+#include "io/chat_render.h"
+#include "io/stream_decoder.h"
+#include "io/tiktoken.h"
+#include "model/checkpoint.h"
+
+namespace k3::cli {
+
+using chat::Json;
+
+namespace {
+
+const char* kUsage =
+    "usage: k3cpp chat <model dir> [--system TEXT] [--effort low|high|max] [--no-think] [--tools FILE]\n"
+    "                  [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
+    "                  [--seed S] [--threads N] [--no-color]\n"
+    "  --system       a system message first\n"
+    "  --effort       thinking effort announced to the model (default max)\n"
+    "  --no-think     thinking off (the reply opens the response directly)\n"
+    "  --tools        a JSON file with an array of OpenAI tool declarations\n"
+    "  --prompt       one user turn, then exit (else one turn per input line; Ctrl-D ends)\n"
+    "  --max-tokens   tokens per reply (default 512)\n"
+    "  --temperature  0 is greedy (default 0.6); top-k / top-p / seed as in generate\n"
+    "  --no-color     no dimmed reasoning even on a terminal\n"
+    "The model directory needs tiktoken.model (and tokenizer_config.json) beside config.json.\n";
+
+std::atomic<bool> g_interrupted{false};
+void on_sigint(int) { g_interrupted = true; }
+
+chat::Effort parse_effort(const std::string& s) {
+  if (s == "low") return chat::Effort::low;
+  if (s == "high") return chat::Effort::high;
+  if (s == "max") return chat::Effort::max;
+  fail("--effort: '" + s + "' is not one of low, high, max");
+}
+
+// Whether `a` is a prefix of `b` (segment by segment).
+bool is_prefix(const std::vector<chat::Segment>& a, const std::vector<chat::Segment>& b) {
+  if (a.size() > b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!(a[i] == b[i])) return false;
+  return true;
+}
+
+struct Printer {
+  bool color;
+  bool in_reasoning = false;
+  void reasoning(const std::string& t) {
+    if (!in_reasoning && color) std::fputs("\x1b[2m", stdout);
+    in_reasoning = true;
+    std::fputs(t.c_str(), stdout);
+  }
+  void end_reasoning() {
+    if (in_reasoning) std::fputs(color ? "\x1b[0m\n" : "\n", stdout);
+    in_reasoning = false;
+  }
+  void show(const std::vector<chat::Delta>& ds) {
+    for (const chat::Delta& d : ds) {
+      switch (d.kind) {
+        case chat::Delta::Kind::reasoning: reasoning(d.text); break;
+        case chat::Delta::Kind::content: end_reasoning(); std::fputs(d.text.c_str(), stdout); break;
+        case chat::Delta::Kind::tool_call_start: end_reasoning(); std::printf("\n[tool call %s] ", d.name.c_str()); break;
+        case chat::Delta::Kind::tool_call_arguments: std::fputs(d.text.c_str(), stdout); break;
+        case chat::Delta::Kind::finish: end_reasoning(); break;
+      }
+    }
+    std::fflush(stdout);
+  }
+};
+
+}  // namespace
+
+int cmd_chat(const std::vector<std::string>& args) {
+  Args a(args,
+         {"system", "effort", "tools", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "threads"},
+         {"no-think", "no-color", "help"}, "chat");
+  if (a.flag("help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (a.positional().size() != 1) fail("expected one <model dir>, got " + std::to_string(a.positional().size()));
+  const std::string dir = a.positional_at(0, "model dir");
+  chat::Conversation conv;
+  conv.options.thinking = !a.flag("no-think");
+  conv.options.effort = parse_effort(a.get_or("effort", "max"));
+  if (const auto f = a.get("tools")) {
+    std::ifstream in(*f);
+    if (!in) fail_input(*f, "", "cannot be read (--tools)");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    Json t;
+    try {
+      t = Json::parse(ss.str());
+    } catch (const std::exception& e) {
+      fail_input(*f, "", std::string("not valid JSON: ") + e.what());
+    }
+    if (!t.is_array()) fail_input(*f, "", "must hold a JSON array of tool declarations");
+    // The request parser validates the declarations (function name, parameters schema).
+    conv.tools = chat::parse_request(Json{{"messages", Json::array({{{"role", "user"}, {"content", "x"}}})}, {"tools", t}},
+                                     *f)
+                     .tools;
+  }
+  if (const auto s = a.get("system")) conv.messages.push_back({chat::Role::system, {*s}});
+  const int64_t max_tokens = a.get_int("max-tokens", 512);
+  if (max_tokens < 1) fail("--max-tokens must be >= 1");
+  SamplerOptions so;
+  so.temperature = a.get_double("temperature", 0.6);
+  so.top_k = a.get_int("top-k", 0);
+  so.top_p = a.get_double("top-p", 0.95);
+  so.seed = uint64_t(a.get_int("seed", 0));
+  if (so.temperature < 0 || so.top_k < 0 || so.top_p <= 0 || so.top_p > 1)
+    fail("--temperature >= 0, --top-k >= 0, 0 < --top-p <= 1");
+  set_num_threads(int(a.get_int("threads", 0)));
+
+  const ModelDir md = open_model_dir(dir);
+  const Tiktoken tok = Tiktoken::load(dir);
+  if (tok.vocab_size() > md.config.vocab_size)
+    fail_input(md.config_path, "vocab_size",
+               std::to_string(md.config.vocab_size) + " is smaller than the tokenizer's " +
+                   std::to_string(tok.vocab_size()) + " ids");
+  auto control = [&](const std::string& name) -> std::optional<int32_t> {
+    for (const SpecialToken& s : tok.specials())
+      if (s.name == name) return s.id;
+    return std::nullopt;
+  };
+  const std::optional<int32_t> open_id = control(chat::kOpen), close_id = control(chat::kClose),
+                               sep_id = control(chat::kSep), end_id = control(chat::kEndOfMsg);
+  if (!open_id || !close_id || !sep_id || !end_id)
+    fail_input(dir + "/tokenizer_config.json", "added_tokens_decoder",
+               "lacks the XTML control tokens <|open|>, <|close|>, <|sep|>, <|end_of_msg|>");
+  const std::optional<int32_t> eos_id = control("[EOS]");
+  auto encode = [&](const std::vector<chat::Segment>& segs) {
+    return chat::segments_to_ids(segs, [&](const std::string& t) { return tok.encode(t, false); }, control);
+  };
+
+  LoadOptions lo;
+  lo.dense_as_stored = true;
+  const K3Model model = load_model(md, lo);
+  announce_machine("chat");
+  Session session(model);
+  Sampler sampler(so);
+
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sa.sa_flags = SA_RESTART;  // a Ctrl-C at the prompt does not end the input
+  sigaction(SIGINT, &sa, nullptr);
+
+  const bool interactive = !a.get("prompt") && isatty(STDIN_FILENO);
+  Printer printer{!a.flag("no-color") && isatty(STDOUT_FILENO)};
+  std::vector<chat::Segment> held;  // the rendering whose tokens the session holds (no generation prompt)
+  int turn = 0;
+  std::string line;
+  auto next_line = [&]() -> bool {
+    if (const auto p = a.get("prompt")) {
+      if (turn > 0) return false;
+      line = *p;
+      return true;
+    }
+    if (interactive) std::fputs("> ", stdout), std::fflush(stdout);
+    return bool(std::getline(std::cin, line));
+  };
+  while (next_line()) {
+    if (line.empty()) continue;
+    ++turn;
+    conv.messages.push_back({chat::Role::user, {line}});
+    conv.options.add_generation_prompt = true;
+    const std::vector<chat::Segment> full = chat::render(conv);
+    std::vector<int32_t> ids;
+    if (is_prefix(held, full)) {
+      ids = encode(std::vector<chat::Segment>(full.begin() + int64_t(held.size()), full.end()));
+    } else {  // the history renders differently (should not happen): start the session over
+      std::fprintf(stderr, "k3cpp chat: the history no longer renders as its prefix; re-reading it\n");
+      session.reset();
+      ids = encode(full);
+    }
+    const int64_t cached = session.position();
+    if (cached + int64_t(ids.size()) + max_tokens > md.config.max_position_embeddings &&
+        md.config.max_position_embeddings > 0)
+      std::fprintf(stderr, "k3cpp chat: note: %lld tokens in the session pass max_position_embeddings %lld\n",
+                   (long long)(cached + int64_t(ids.size())), (long long)md.config.max_position_embeddings);
+    const auto t0 = std::chrono::steady_clock::now();
+    const float* logits = session.prefill(ids);
+    const double t_prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    chat::ParserOptions po;
+    po.start = conv.options.thinking ? chat::StartIn::think : chat::StartIn::response;
+    chat::OutputParser parser(po);
+    StreamDecoder text(tok);
+    g_interrupted = false;
+    int64_t n = 0;
+    bool ended = false;
+    const auto t1 = std::chrono::steady_clock::now();
+    while (n < max_tokens && !g_interrupted) {
+      const int32_t id = sampler.sample(logits, session.vocab());
+      ++n;
+      std::vector<chat::Delta> ds;
+      if (id == *end_id || (eos_id && id == *eos_id)) {
+        ds = parser.feed_literal(text.flush());
+        for (auto& d : parser.feed_marker(chat::Marker::end_of_msg)) ds.push_back(d);
+        printer.show(ds);
+        ended = true;
+        logits = session.step(id);
+        break;
+      }
+      if (id == *open_id || id == *close_id || id == *sep_id) {
+        ds = parser.feed_literal(text.flush());
+        const chat::Marker m = id == *open_id ? chat::Marker::open : id == *close_id ? chat::Marker::close : chat::Marker::sep;
+        for (auto& d : parser.feed_marker(m)) ds.push_back(d);
+      } else if (id < tok.vocab_size() && !tok.is_special(id)) {
+        ds = parser.feed_literal(text.push(id));
+      }  // other special or out-of-vocabulary ids: no text
+      printer.show(ds);
+      logits = session.step(id);
+    }
+    std::vector<chat::Delta> tail = parser.feed_literal(text.flush());
+    for (auto& d : parser.finish()) tail.push_back(d);
+    printer.show(tail);
+    const double t_decode = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    std::printf("\n");
+    const chat::ParsedOutput& out = parser.result();
+    chat::Message reply{chat::Role::assistant, {out.content}};
+    reply.reasoning = out.reasoning;
+    for (const chat::ParsedCall& c : out.tool_calls) {
+      chat::ToolCall tc;
+      tc.id = c.id;
+      tc.name = c.name;
+      try {
+        tc.arguments = Json::parse(c.arguments);
+      } catch (const std::exception&) {
+        tc.json_block = c.arguments;
+      }
+      if (!tc.arguments.is_object()) tc.json_block = c.arguments, tc.arguments = Json::object();
+      reply.tool_calls.push_back(std::move(tc));
+    }
+    conv.messages.push_back(std::move(reply));
+    if (!ended) {  // stopped early: close the message so the next turn starts cleanly
+      const std::vector<int32_t> close = {*close_id};
+      session.prefill(close);
+      std::vector<int32_t> rest = tok.encode("message", false);
+      rest.push_back(*sep_id);
+      rest.push_back(*end_id);
+      session.prefill(rest);
+    }
+    conv.options.add_generation_prompt = false;
+    held = chat::render(conv);
+    std::fprintf(stderr,
+                 "[turn %d: %zu new prompt tokens after %lld in the session, prefill %.2f s; %lld tokens in %.2f s = "
+                 "%.1f tok/s; %s]\n",
+                 turn, ids.size(), (long long)cached, t_prefill, (long long)n, t_decode,
+                 t_decode > 0 ? double(n) / t_decode : 0.0,
+                 g_interrupted ? "interrupted" : ended ? "end of message" : "max tokens");
+  }
+  if (interactive) std::printf("\n");
+  return 0;
+}
+
+}  // namespace k3::cli
