@@ -15,10 +15,9 @@ void dense_ffn_forward(T* out, T* gu, T* act, const T* x, const MatT<T>& gate, c
   // Both halves land in one [gate | up] row of width 2I, the layout situ_glu_forward reads.
   gemm(false, true, Tn, I, d, T(1), x, d, gate, d, T(0), gu, 2 * I);
   gemm(false, true, Tn, I, d, T(1), x, d, up, d, T(0), gu + I, 2 * I);
-  // The vectorised SiTU in float (kernels/situ_simd.h: within a few ulp of libm); the double
-  // wiring keeps the scalar one.
-  if constexpr (std::is_same_v<T, float>) situ_glu_forward_fast(act, gu, Tn, I, b1, b2);
-  else situ_glu_forward(act, gu, Tn, I, b1, b2);
+  // The scalar SiTU (libm tanh/exp): the shared experts' outputs are large in ops/moe.json and
+  // its abs 1e-5 tolerance has no room for the vectorised forward's few ulps there.
+  situ_glu_forward(act, gu, Tn, I, b1, b2);
   linear(out, act, down, Tn, I, d, accumulate);
 }
 
