@@ -23,7 +23,10 @@
 #include "hwy/highway.h"
 #include "kernels/simd/vec-inl.h"
 
-#if HWY_ONCE
+// Defined in the first pass of foreach_target (this file is compiled once per target) and
+// used by every target's drivers and by the references.
+#ifndef K3_MATMUL_TRI_RANGE_
+#define K3_MATMUL_TRI_RANGE_
 namespace k3 {
 namespace {
 // k range [k0, k1) that can hold non-zeros of A for rows [i0, i0 + mr) (see Tri).
@@ -48,13 +51,6 @@ HWY_INLINE VF epilogue(DF d, VF acc, const float* c, float alpha, bool accumulat
   if (cs) acc = hn::Mul(acc, hn::LoadU(d, cs));
   const VF va = hn::Set(d, alpha);
   return accumulate ? hn::MulAdd(acc, va, hn::LoadU(d, c)) : hn::Mul(acc, va);
-}
-
-inline void tri_rows(Tri tri, int64_t i0, int64_t mr, int64_t K, int64_t* k0, int64_t* k1) {
-  *k0 = 0;
-  *k1 = K;
-  if (tri == Tri::Lower) *k1 = std::min(K, i0 + mr);
-  if (tri == Tri::Upper) *k0 = std::min(K, i0);
 }
 
 // f32: 8 x 2 vectors on AVX-512 (16 accumulators), 6 x 2 with 16 registers.
@@ -205,7 +201,7 @@ void MmF32(float* C, int64_t ldc, const float* A, int64_t lda, bool a_trans, con
     for (int64_t i0 = 0; i0 < M; i0 += kMrF32) {
       const int64_t mr = std::min<int64_t>(kMrF32, M - i0);
       int64_t k0, k1;
-      tri_rows(tri, i0, mr, K, &k0, &k1);
+      tri_range(tri, i0, mr, K, &k0, &k1);
       const float* a = a_trans ? A + i0 : A + i0 * lda;
       tab.f[mr - 1][nv - 1](k0, std::max(k0, k1), a, lda, B + n0, ldb, C + i0 * ldc + n0, ldc, alpha, accumulate, cs);
     }
@@ -222,7 +218,7 @@ void MmBf16(float* C, int64_t ldc, const uint16_t* A, int64_t lda, const uint16_
     for (int64_t i0 = 0; i0 < M; i0 += kMrBf) {
       const int64_t mr = std::min<int64_t>(kMrBf, M - i0);
       int64_t k0, k1;
-      tri_rows(tri, i0, mr, K, &k0, &k1);
+      tri_range(tri, i0, mr, K, &k0, &k1);
       const int64_t kk0 = k0 / 2, kk1 = std::max(kk0, (k1 + 1) / 2);
       kTab.f[mr - 1][nv - 1](kk0, kk1, A + i0 * lda, lda, Bp + 2 * n0, ldb, C + i0 * ldc + n0, ldc, alpha, accumulate,
                              cs);
