@@ -11,7 +11,10 @@
 #include <vector>
 
 #include "common/fixture.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
 #include "kernels/activations.h"
+#include "kernels/mxfp4_linear.h"
 #include "kernels/situ_simd.h"
 #include "kernels/small_matmul.h"
 
@@ -136,5 +139,25 @@ TEST(LinearCols, MatchesReferenceForEveryColumnBlock) {
     test::expect_close(y.data(), ref.data(), out * ldy, 1e-5, 1e-5, "n " + std::to_string(n));
     for (int64_t r = 0; r < out; ++r)
       for (int64_t c = n; c < ldy; ++c) ASSERT_EQ(y[r * ldy + c], -7.f) << "column past n written";
+  }
+}
+
+// linear_cols_mxfp4 dequantises 6 rows at a time inside the product: bit for bit
+// linear_cols on the whole dequantised matrix, for every row remainder and column block.
+TEST(LinearCols, Mxfp4RowsEqualTheDequantisedMatrixBitForBit) {
+  const int64_t in = 96, out = 19;
+  Tensor Wf = Tensor::empty(DType::F32, {out, in});
+  const std::vector<float> w = normal(out * in, 6);
+  std::copy(w.begin(), w.end(), Wf.data<float>());
+  const Mxfp4Matrix W = Mxfp4Matrix::quantize(Wf);
+  std::vector<float> deq(size_t(out * in));
+  mxfp4_dequantize(deq.data(), W.packed.data<uint8_t>(), W.scales.data<uint8_t>(), out, in);
+  for (int64_t n : {1, 7, 16, 37, 65}) {
+    const int64_t ldx = n + 1, ldy = n + 2;
+    const std::vector<float> xt = normal(in * ldx, uint32_t(200 + n));
+    std::vector<float> y(out * ldy, -7.f), ref(out * ldy, -7.f);
+    linear_cols_mxfp4(y.data(), xt.data(), W.packed.data<uint8_t>(), W.scales.data<uint8_t>(), n, in, out, ldx, ldy);
+    linear_cols(ref.data(), xt.data(), deq.data(), n, in, out, ldx, ldy);
+    EXPECT_EQ(y, ref) << "n " << n;
   }
 }
