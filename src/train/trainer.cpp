@@ -169,6 +169,7 @@ void Trainer::Impl::setup() {
     fail_input(run.model_config, "vocab_size",
                std::to_string(cfg.vocab_size) + " is below the byte tokenizer's " + std::to_string(tok.vocab_size()) +
                    " (256 bytes + special tokens)");
+  progress.message("train: " + machine_summary());  // the log's first line: CPU and SIMD target
   progress.message("train: loading corpus '" + run.data + "'");
   data = split_and_tokenize(load_corpus(run.data), tok, run.heldout_every);
   unigram_bpb = unigram_bits_per_byte(data, tok.vocab_size());
@@ -538,7 +539,6 @@ void Trainer::Impl::begin() {
                  {"total_steps", total_steps}, {"train_tokens", int64_t(data.train.size())},
                  {"heldout_tokens", int64_t(data.heldout.size())}, {"unigram_bpb", unigram_bpb},
                  {"cpu", cpu_model_name()}, {"simd_target", simd_target().name}});
-  progress.message("train: " + machine_summary());
   progress.message("train: " + std::to_string(n_params) + " trained parameters, " + std::to_string(data.train.size()) +
                    " train / " + std::to_string(data.heldout.size()) + " held-out tokens (unigram baseline " +
                    fmt("%.3f", unigram_bpb) + " bits/byte), " + std::to_string(n_stages) + " stages, " +
