@@ -265,12 +265,11 @@ int cmd_chat(const std::vector<std::string>& args) {
     }
     conv.messages.push_back(std::move(reply));
     if (!ended) {  // stopped early: close the message so the next turn starts cleanly
-      const std::vector<int32_t> close = {*close_id};
+      std::vector<int32_t> close = {*close_id};
+      tok.encode_append("message", false, close);
+      close.push_back(*sep_id);
+      close.push_back(*end_id);
       session.prefill(close);
-      std::vector<int32_t> rest = tok.encode("message", false);
-      rest.push_back(*sep_id);
-      rest.push_back(*end_id);
-      session.prefill(rest);
     }
     conv.options.add_generation_prompt = false;
     held = chat::render(conv);

@@ -5,8 +5,8 @@
 
 namespace k3 {
 
-ParamLayout::ParamLayout(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& bf16_held)
-    : specs_(k3_param_specs(cfg)), bf16_(bf16_held), experts_(experts) {
+ParamLayout::ParamLayout(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& held_as_bf16)
+    : specs_(k3_param_specs(cfg)), bf16_(held_as_bf16), experts_(experts) {
   K3_ASSERT(bf16_.empty() || bf16_.size() == specs_.size(), "bf16_held has one entry per parameter");
   offsets_.resize(specs_.size());
   index_.reserve(specs_.size());
@@ -18,7 +18,7 @@ ParamLayout::ParamLayout(const K3Config& cfg, ExpertStorage experts, const std::
       offsets_[i] = -1;
       continue;
     }
-    if (this->bf16_held(i)) {
+    if (bf16_held(i)) {
       K3_ASSERT(s.shape.size() == 2 && s.component != Component::RoutedExperts,
                 "only dense matrices can be held as bf16: " + s.name);
       offsets_[i] = -1;
@@ -47,8 +47,8 @@ size_t ParamLayout::index(const std::string& name) const {
   return it->second;
 }
 
-WeightStore::WeightStore(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& bf16_held)
-    : cfg_(cfg), layout_(cfg, experts, bf16_held), buffer_(Tensor::zeros(DType::F32, {layout_.total_floats()})) {
+WeightStore::WeightStore(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& held_as_bf16)
+    : cfg_(cfg), layout_(cfg, experts, held_as_bf16), buffer_(Tensor::zeros(DType::F32, {layout_.total_floats()})) {
   if (experts == ExpertStorage::Mxfp4) mx_.resize(layout_.size());
   if (layout_.any_bf16()) bf16_.resize(layout_.size());
 }
