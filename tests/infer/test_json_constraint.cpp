@@ -372,7 +372,8 @@ TEST(JsonConstraint, MaskTimeOnO200k) {
   std::vector<float> logits(static_cast<size_t>(V));
   std::printf("[ mask ] o200k_base: %d ids, JsonVocab built in %.0f ms\n", vocab->size(), build_ms);
   double worst = 0;
-  for (const char* prefix : {"", "{\"name\": \"", "{\"name\": \"caf\xC3", "{\"a\": ", "{\"a\": 12", "{\"a\": [1, {\"b\""}) {
+  for (const char* prefix : {"", "{\"name\": \"", "{\"name\": \"caf\xC3", "{\"a\": ", "{\"a\": 12", "{\"a\": [1, {\"b\"",
+                             "{\"a\": \"x\\", "{\"a\": 1, "}) {
     JsonConstraint c(vocab, g, {end});
     // The prefix byte by byte through single-byte tokens (o200k has them all).
     for (char ch : std::string(prefix)) {

@@ -82,7 +82,8 @@ std::string random_ws(std::mt19937& r) {
 }
 std::string random_string(std::mt19937& r) {
   static const std::vector<std::string> pieces = {"a", "Z", " ", "0", "\\n", "\\\"", "\\\\", "\\u00e9", "\\uD83D\\uDE00",
-                                                  "\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "/", "\\/", "{", "]"};
+                                                  "\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "/", "\\/", "{", "]",
+                                                  "\\uDE00", "\\uD83D"};  // lone surrogates: invalid
   std::string s = "\"";
   for (int n = int(r() % 6); n-- > 0;) s += pieces[r() % pieces.size()];
   return s + "\"";
@@ -300,6 +301,9 @@ TEST(JsonGrammar, RandomByteWalksNeverDeadEndAndValidate) {
       R"({"type":"object"})",
       R"({"type":"object","properties":{"a":{"type":"object","properties":{"b":{"type":"array","items":{"type":"array"},"minItems":2}},"required":["b"]},"opt":{"type":"array","items":{"type":"object","properties":{"x":{"type":"object","properties":{"y":{"type":"object"}},"required":["y"]}}}}},"required":["a"]})",
       R"({"$defs":{"n":{"type":"object","properties":{"k":{"$ref":"#/$defs/n"},"v":{"type":"integer"}},"required":["v"]}},"$ref":"#/$defs/n"})",
+      // Values that need several frames, started near the depth limit (array items, free-key values).
+      R"({"type":"array","items":{"type":"array","items":{"type":"object","properties":{"k":{"type":"array","items":{"type":"integer"},"minItems":1}},"required":["k"]}}})",
+      R"({"type":"object","additionalProperties":{"type":"object","additionalProperties":{"type":"object","properties":{"r":{"type":"array","items":{"type":"null"},"minItems":2}},"required":["r"]}}})",
       R"({"type":["array","string","null","number"],"items":{"anyOf":[{"type":"object","properties":{"q":{"enum":["a\u00e9\"",2]}},"required":["q"],"additionalProperties":false},{"type":"boolean"}]},"maxItems":3})",
   };
   for (int depth : {4, 5, 8}) {
