@@ -354,6 +354,8 @@ TEST(ChatJsonConstraint, TinyRandomModelEndToEnd) {
     EXPECT_EQ(p.finish_reason, "stop");
     ASSERT_TRUE(json::accept(p.content)) << p.content;
     EXPECT_EQ(test::schema_violation(json::parse(p.content), schema, schema), "") << p.content;
+    std::printf("[ e2e ] seed %d: %zu tokens, reasoning %zu bytes, content %s\n", int(seed), out.size(),
+                p.reasoning.size(), show(p.content).c_str());
   }
 }
 
