@@ -164,7 +164,14 @@ struct Engine::Impl {
       finish(s, "length");
       return;
     }
-    if (s.req.constraint) s.req.constraint->accept(id);
+    if (s.req.constraint) {
+      try {
+        s.req.constraint->accept(id);
+      } catch (const std::exception& e) {  // e.g. a forced token the constraint does not allow
+        finish(s, "error", e.what());
+        return;
+      }
+    }
     GenerationEvent ev;
     ev.id = id;
     if (s.req.top_logprobs >= 0) {
