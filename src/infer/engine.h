@@ -100,6 +100,7 @@ struct EngineStats {
   int64_t state_bytes = 0;         // slots in use + prefix-cache snapshots
   int64_t state_budget_bytes = 0;
   int64_t snapshot_bytes = 0;      // prefix cache alone
+  int64_t snapshots = 0;           // prefix-cache snapshots held
   uint64_t steps = 0;              // decode batches run
   double step_seconds = 0, prefill_seconds = 0, schedule_seconds = 0;  // where the time went
   LatencyHistogram ttft, itl;      // time to first token; inter-token latency

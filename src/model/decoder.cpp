@@ -94,11 +94,13 @@ void block_attn_res(R* out, R* alpha, const BlockStateT<R>& bs, const R* w_norm,
 template <typename R>
 void decoder_layer_forward(BlockStateT<R>& bs, LayerStateT<R>& st, const LayerWeightsT<R>& w, const ModelDims& dm,
                            int64_t layer, int64_t T, MixerMode mode, KDAPath kda_path, LayerScratchT<R>& s,
-                           LayerRecordT<R>* rec) {
+                           LayerRecordT<R>* rec, const LayerBatchT<R>* batch) {
   const int64_t d = dm.d, n = T * d;
   K3_ASSERT(bs.T == T && bs.d == d && !bs.partial_empty, "decoder_layer_forward: block state not begun for T");
   K3_ASSERT(layer >= 0 && layer < dm.L && dm.block_size >= 1, "decoder_layer_forward: bad layer");
   K3_ASSERT(!rec || mode == MixerMode::Prefill, "decoder_layer_forward: a record needs Prefill mode");
+  K3_ASSERT(!batch || (mode == MixerMode::Decode && !rec && batch->n >= 1 && batch->seg[batch->n] == T),
+            "decoder_layer_forward: a batch is a Decode call whose segments cover the T rows");
   grow(s.x, n);
   grow(s.h, n);
   grow(s.a, n);
@@ -150,7 +152,22 @@ void decoder_layer_forward(BlockStateT<R>& bs, LayerStateT<R>& st, const LayerWe
 
   // 3. a = Mixer(RMSNorm_in(x)); partial = partial + a (or a when the block just started).
   R* a = bs.partial_empty ? partial : s.a.data();
-  if (w.is_mla) {
+  if (batch) {
+    if constexpr (std::is_same_v<R, float>) {
+      if (w.is_mla) {
+        s.seg_mla.resize(size_t(batch->n));
+        for (int64_t j = 0; j < batch->n; ++j) s.seg_mla[size_t(j)] = &batch->states[j]->mla;
+        mla_mixer_decode_batch(a, s.seg_mla.data(), batch->seg, batch->n, s.h.data(), w.mla, dm.mla_dims, s.mla);
+      } else {
+        s.seg_kda.resize(size_t(batch->n));
+        for (int64_t j = 0; j < batch->n; ++j) s.seg_kda[size_t(j)] = &batch->states[j]->kda;
+        kda_mixer_forward_batch(a, s.seg_kda.data(), batch->seg, batch->n, s.h.data(), w.kda, dm.kda, kda_path,
+                                s.kda);
+      }
+    } else {
+      K3_ASSERT(false, "decoder_layer_forward: batched decode is float-only");
+    }
+  } else if (w.is_mla) {
     if (mode == MixerMode::Prefill) {
       mla_mixer_forward<R>(a, st.mla, s.h.data(), w.mla, dm.mla_dims, T, s.mla, rec ? &rec->mla : nullptr);
     } else if constexpr (std::is_same_v<R, float>) {
@@ -226,9 +243,10 @@ template void block_attn_res<double>(double*, double*, const BlockStateT<double>
                                      int64_t, int64_t, double, std::vector<const double*>&);
 template void decoder_layer_forward<float>(BlockStateT<float>&, LayerStateT<float>&, const LayerWeightsT<float>&,
                                            const ModelDims&, int64_t, int64_t, MixerMode, KDAPath,
-                                           LayerScratchT<float>&, LayerRecordT<float>*);
+                                           LayerScratchT<float>&, LayerRecordT<float>*, const LayerBatchT<float>*);
 template void decoder_layer_forward<double>(BlockStateT<double>&, LayerStateT<double>&, const LayerWeightsT<double>&,
                                             const ModelDims&, int64_t, int64_t, MixerMode, KDAPath,
-                                            LayerScratchT<double>&, LayerRecordT<double>*);
+                                            LayerScratchT<double>&, LayerRecordT<double>*,
+                                            const LayerBatchT<double>*);
 
 }  // namespace k3

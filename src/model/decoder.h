@@ -160,16 +160,30 @@ struct LayerScratchT {
   KDAScratchT<R> kda;
   MLAScratchT<R> mla;
   MoEScratchT<R> moe;
+  std::vector<KDAStateT<R>*> seg_kda;  // batched calls: each sequence's state of this layer
+  std::vector<MLACacheT<R>*> seg_mla;
 };
 using LayerScratch = LayerScratchT<float>;
 
+// Several sequences in one Decode call (batched decode, float only): sequence j holds rows
+// [seg[j], seg[j+1]) of the block state (seg[0] = 0, seg[n] = T) and carries *states[j] for
+// this layer. Everything but the mixers' state is per token, so the rows of all sequences run
+// together: each weight, and each routed expert chosen by any row, is read once per call.
+template <typename R>
+struct LayerBatchT {
+  const int64_t* seg = nullptr;
+  int64_t n = 0;
+  LayerStateT<R>* const* states = nullptr;
+};
+using LayerBatch = LayerBatchT<float>;
+
 // Runs layer `layer` (0-based) on the block state of T tokens. st: this layer's carried state
 // (KDA state reset / MLA cache cleared for a fresh sequence). rec: optional saved activations
-// (training: Prefill mode, fresh state).
+// (training: Prefill mode, fresh state). batch: several sequences (Decode mode; st unused).
 template <typename R>
 void decoder_layer_forward(BlockStateT<R>& bs, LayerStateT<R>& st, const LayerWeightsT<R>& w, const ModelDims& dims,
                            int64_t layer, int64_t T, MixerMode mode, KDAPath kda_path, LayerScratchT<R>& s,
-                           LayerRecordT<R>* rec = nullptr);
+                           LayerRecordT<R>* rec = nullptr, const LayerBatchT<R>* batch = nullptr);
 
 // Gradient of the block state, mirroring BlockStateT: dblocks[i] is the loss gradient w.r.t.
 // completed block i, dpartial w.r.t. the partial sum (both [T, d]). The backward of layer i

@@ -228,6 +228,41 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
   }
 }
 
+template <typename R>
+void K3ModelT<R>::forward_batch(R* logits, const int32_t* ids, const int64_t* seg, int64_t n_seg,
+                                DecodeStateT<R>* const* states, ForwardScratchT<R>& s, KDAPath kda_path) const {
+  K3_ASSERT(n_seg >= 1 && seg[0] == 0, "K3Model::forward_batch: segments must start at row 0");
+  const int64_t d = dims_.d, V = dims_.V, T = seg[n_seg];
+  for (int64_t j = 0; j < n_seg; ++j) {
+    K3_ASSERT(seg[j + 1] >= seg[j], "K3Model::forward_batch: segments out of order");
+    K3_ASSERT(int64_t(states[j]->layers.size()) == dims_.L,
+              "K3Model::forward_batch: DecodeState not reset for this model");
+  }
+  if (T <= 0) return;
+  for (int64_t t = 0; t < T; ++t)
+    if (ids[t] < 0 || ids[t] >= V)
+      fail("token id " + std::to_string(ids[t]) + " at batch row " + std::to_string(t) +
+           " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  BlockStateT<R>& bs = s.bs;
+  bs.begin(T, d, dims_.max_blocks());
+  for (int64_t t = 0; t < T; ++t) mat_row(bs.partial.data() + t * d, embed_, int64_t(ids[t]), d);
+  s.seg_states.resize(size_t(n_seg));
+  LayerBatchT<R> batch{seg, n_seg, s.seg_states.data()};
+  for (int64_t i = 0; i < dims_.L; ++i) {
+    for (int64_t j = 0; j < n_seg; ++j) s.seg_states[size_t(j)] = &states[j]->layers[size_t(i)];
+    decoder_layer_forward<R>(bs, states[0]->layers[size_t(i)], layers_[size_t(i)], dims_, i, T, MixerMode::Decode,
+                             kda_path, s.layer, nullptr, &batch);
+  }
+  for (int64_t j = 0; j < n_seg; ++j) states[j]->n_tokens += seg[j + 1] - seg[j];
+  grow(s.h_out, T * d);
+  grow(s.h_final, T * d);
+  grow(s.rstd, T);
+  grow(s.alpha, T * (bs.n + 1));
+  block_attn_res<R>(s.h_out.data(), s.alpha.data(), bs, final_res_norm_, final_res_proj_, 0, T, dims_.eps, s.src);
+  rmsnorm_forward<R>(s.h_final.data(), s.rstd.data(), s.h_out.data(), final_norm_, T, d, dims_.eps);
+  linear(logits, s.h_final.data(), lm_head_, T, d, V);
+}
+
 template LayerWeightsT<float> layer_views<float>(const ParamLayout&, const K3Config&, const float*, int64_t);
 template LayerWeightsT<double> layer_views<double>(const ParamLayout&, const K3Config&, const double*, int64_t);
 template struct DecodeStateT<float>;

@@ -62,6 +62,7 @@ struct ForwardScratchT {
   LayerScratchT<R> layer;
   std::vector<R> h_out, h_final, rstd, alpha;
   std::vector<const R*> src;
+  std::vector<LayerStateT<R>*> seg_states;  // forward_batch: each sequence's state of one layer
 };
 using ForwardScratch = ForwardScratchT<float>;
 
@@ -112,6 +113,13 @@ class K3ModelT {
   // With rec (training): Prefill mode, a fresh state and every position's logits.
   void forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT<R>& st, ForwardScratchT<R>& s,
                const ForwardOptions& opt = {}, ForwardRecordT<R>* rec = nullptr) const;
+
+  // Batched decode (float only): n_seg sequences in one call, sequence j appending ids rows
+  // [seg[j], seg[j+1]) (seg[0] = 0, T = seg[n_seg]) to *states[j]. logits [T, V], every row.
+  // Every weight, and every routed expert any row picks, is read once for the batch; each
+  // sequence's logits equal its own forward in Decode mode up to float rounding.
+  void forward_batch(R* logits, const int32_t* ids, const int64_t* seg, int64_t n_seg, DecodeStateT<R>* const* states,
+                     ForwardScratchT<R>& s, KDAPath kda_path = KDAPath::Fast) const;
 
   // Backward of the forward that filled `rec` (with ids [T]): dlogits [T, V] is the gradient
   // of the loss w.r.t. the logits; every parameter gradient is accumulated (+=) into `grads`

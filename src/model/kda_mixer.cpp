@@ -72,14 +72,26 @@ void KDASavedT<R>::ensure(int64_t T, const KDADims& dims) {
   grow(fa, T * dims.D);
 }
 
+namespace {
+
+// The forward over n_seg sequences (rows [seg[j], seg[j+1]) carry states[j]); one sequence is
+// the single-state call. Per-token work runs over all rows; the conv and the core per sequence.
 template <typename R>
-void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeightsT<R>& w, const KDADims& dims,
-                       int64_t T, KDAPath path, KDAScratchT<R>& s, KDASavedT<R>* saved) {
+void kda_forward_segments(R* out, KDAStateT<R>* const* states, const int64_t* seg, int64_t n_seg, const R* x,
+                          const KDAWeightsT<R>& w, const KDADims& dims, int64_t T, KDAPath path, KDAScratchT<R>& s,
+                          KDASavedT<R>* saved) {
   const int64_t d = dims.d, H = dims.H, D = dims.D, HD = H * D, K = dims.conv_k;
   K3_ASSERT(K >= 1 && H >= 1 && D >= 1 && d >= 1, "kda_mixer_forward: bad dims");
-  K3_ASSERT(int64_t(state.S.size()) == H * D * D && int64_t(state.conv_q.size()) == HD * (K - 1) &&
-                int64_t(state.conv_k.size()) == HD * (K - 1) && int64_t(state.conv_v.size()) == HD * (K - 1),
-            "kda_mixer_forward: state not sized for these dims (call KDAState::reset)");
+  K3_ASSERT(n_seg >= 1 && seg[0] == 0 && seg[n_seg] == T, "kda_mixer_forward: segments do not cover the rows");
+  K3_ASSERT(!saved || n_seg == 1, "kda_mixer_forward: a training forward (saved) runs one sequence");
+  for (int64_t j = 0; j < n_seg; ++j) {
+    const KDAStateT<R>& st = *states[j];
+    K3_ASSERT(seg[j + 1] >= seg[j], "kda_mixer_forward: segments out of order");
+    K3_ASSERT(int64_t(st.S.size()) == H * D * D && int64_t(st.conv_q.size()) == HD * (K - 1) &&
+                  int64_t(st.conv_k.size()) == HD * (K - 1) && int64_t(st.conv_v.size()) == HD * (K - 1),
+              "kda_mixer_forward: state not sized for these dims (call KDAState::reset)");
+  }
+  KDAStateT<R>& state = *states[0];  // the one sequence of a training forward
   if (saved) {
     saved->T = T;
     saved->path = path;
@@ -125,9 +137,13 @@ void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeights
   linear(q_lin, x, w.q_proj, T, d, HD);
   linear(k_lin, x, w.k_proj, T, d, HD);
   linear(v_lin, x, w.v_proj, T, d, HD);
-  shortconv_silu_forward<R>(s.q_act.data(), q_pre, state.conv_q.data(), q_lin, w.q_conv, T, HD, K);
-  shortconv_silu_forward<R>(s.k_act.data(), k_pre, state.conv_k.data(), k_lin, w.k_conv, T, HD, K);
-  shortconv_silu_forward<R>(v, v_pre, state.conv_v.data(), v_lin, w.v_conv, T, HD, K);
+  for (int64_t j = 0; j < n_seg; ++j) {
+    const int64_t r = seg[j] * HD, n = seg[j + 1] - seg[j];
+    KDAStateT<R>& st = *states[j];
+    shortconv_silu_forward<R>(s.q_act.data() + r, q_pre + r, st.conv_q.data(), q_lin + r, w.q_conv, n, HD, K);
+    shortconv_silu_forward<R>(s.k_act.data() + r, k_pre + r, st.conv_k.data(), k_lin + r, w.k_conv, n, HD, K);
+    shortconv_silu_forward<R>(v + r, v_pre + r, st.conv_v.data(), v_lin + r, w.v_conv, n, HD, K);
+  }
   // q, k L2-normalised per head; the D^-0.5 on q is the recurrence's scale.
   l2norm_forward<R>(q, q_inv, s.q_act.data(), T * H, D, kKdaL2Eps);
   l2norm_forward<R>(k, k_inv, s.k_act.data(), T * H, D, kKdaL2Eps);
@@ -142,28 +158,34 @@ void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeights
   linear(z, fa, w.f_b, T, D, HD);
   kda_gate_forward<R>(g, z, w.A_log, w.dt_bias, T, H, D, dims.bounded, dims.lower_bound);
 
-  // The recurrence, state carried.
-  R* S = state.S.data();
-  if constexpr (std::is_same_v<R, float>) {
-    if (saved && saved->ws.has_saved() && path != KDAPath::Fast)
-      saved->ws.release();  // stale per-chunk states of an earlier call: the backward recomputes them
-    if (T == 1 && !saved) {
-      if (path == KDAPath::Fast) kda_decode_step_fast(o, S, q, k, v, g, beta, H, D, D, scale);
-      else kda_decode_step(o, S, q, k, v, g, beta, H, D, D, scale);
-    } else if (path == KDAPath::Fast) {
-      kda_chunk_fast_forward(o, S, q, k, v, g, beta, T, H, D, D, scale, kda_mixer_fast_options(dims, saved),
-                             saved ? saved->ws : s.ws);
-    } else if (path == KDAPath::Chunked) {
-      kda_chunk_forward<R>(o, S, q, k, v, g, beta, T, H, D, D, scale, kKdaMixerChunk);
+  // The recurrence, state carried, per sequence.
+  for (int64_t j = 0; j < n_seg; ++j) {
+    const int64_t r = seg[j] * HD, Tj = seg[j + 1] - seg[j];
+    if (Tj == 0) continue;
+    R* S = states[j]->S.data();
+    R* o_j = o + r;
+    const R *q_j = q + r, *k_j = k + r, *v_j = v + r, *g_j = g + r, *beta_j = beta + seg[j] * H;
+    if constexpr (std::is_same_v<R, float>) {
+      if (saved && saved->ws.has_saved() && path != KDAPath::Fast)
+        saved->ws.release();  // stale per-chunk states of an earlier call: the backward recomputes them
+      if (Tj == 1 && !saved) {
+        if (path == KDAPath::Fast) kda_decode_step_fast(o_j, S, q_j, k_j, v_j, g_j, beta_j, H, D, D, scale);
+        else kda_decode_step(o_j, S, q_j, k_j, v_j, g_j, beta_j, H, D, D, scale);
+      } else if (path == KDAPath::Fast) {
+        kda_chunk_fast_forward(o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale,
+                               kda_mixer_fast_options(dims, saved), saved ? saved->ws : s.ws);
+      } else if (path == KDAPath::Chunked) {
+        kda_chunk_forward<R>(o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale, kKdaMixerChunk);
+      } else {
+        kda_recurrent_forward<R>(o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale);
+      }
     } else {
-      kda_recurrent_forward<R>(o, S, q, k, v, g, beta, T, H, D, D, scale);
+      // No fast kernel in double: Fast runs the chunked reference.
+      if (path != KDAPath::Recurrent && (Tj > 1 || saved))
+        kda_chunk_forward<R>(o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale, kKdaMixerChunk);
+      else
+        kda_recurrent_forward<R>(o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale);
     }
-  } else {
-    // No fast kernel in double: Fast runs the chunked reference.
-    if (path != KDAPath::Recurrent && (T > 1 || saved))
-      kda_chunk_forward<R>(o, S, q, k, v, g, beta, T, H, D, D, scale, kKdaMixerChunk);
-    else
-      kda_recurrent_forward<R>(o, S, q, k, v, g, beta, T, H, D, D, scale);
   }
 
   // y = RMSNorm_head(o) * o_norm * sigmoid(W_g x);  out = W_o y
@@ -174,6 +196,21 @@ void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeights
 #pragma omp parallel for schedule(static) if (T * HD > 65536)
   for (int64_t i = 0; i < T * HD; ++i) y[i] = on[i] * sigmoid(gate_lin[i]);
   linear(out, y, w.o_proj, T, HD, d);
+}
+
+}  // namespace
+
+template <typename R>
+void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeightsT<R>& w, const KDADims& dims,
+                       int64_t T, KDAPath path, KDAScratchT<R>& s, KDASavedT<R>* saved) {
+  KDAStateT<R>* st = &state;
+  const int64_t seg[2] = {0, T};
+  kda_forward_segments<R>(out, &st, seg, 1, x, w, dims, T, path, s, saved);
+}
+
+void kda_mixer_forward_batch(float* out, KDAState* const* states, const int64_t* seg, int64_t n_seg, const float* x,
+                             const KDAWeights& w, const KDADims& dims, KDAPath path, KDAScratch& s) {
+  kda_forward_segments<float>(out, states, seg, n_seg, x, w, dims, seg[n_seg], path, s, nullptr);
 }
 
 template struct KDAStateT<float>;

@@ -164,6 +164,14 @@ template <typename R>
 void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeightsT<R>& w, const KDADims& dims,
                        int64_t T, KDAPath path, KDAScratchT<R>& scratch, KDASavedT<R>* saved = nullptr);
 
+// Several sequences in one call (batched decode): rows [seg[j], seg[j+1]) of x [seg[n_seg], d]
+// belong to the sequence whose state is *states[j] (seg[0] = 0). Projections, norms and gates
+// run over all rows at once, so each weight is read once for the batch; the short conv and the
+// recurrence run per sequence (a one-row segment takes the decode step). Each sequence's rows
+// equal a kda_mixer_forward call on that sequence alone (tests/model/test_forward_batch.cpp).
+void kda_mixer_forward_batch(float* out, KDAState* const* states, const int64_t* seg, int64_t n_seg, const float* x,
+                             const KDAWeights& w, const KDADims& dims, KDAPath path, KDAScratch& scratch);
+
 // Backward of the forward call that filled `saved` (same weights and dims; T == saved.T).
 // dx [T, d] is assigned; grads are accumulated (+=); dout [T, d] is the gradient of out.
 // Gradients w.r.t. the starting KDA and conv states are not formed (training starts each

@@ -66,26 +66,38 @@ struct MLAActs {
   R *cq_raw, *cq_rstd, *cq, *q, *kva, *ckv_rstd, *o, *lse, *gate;
 };
 
-// Queries q [T, H, nope + rope] = W_qb RMSNorm(W_qa x); then the new tokens' latents go into
-// the cache: c_kv = RMSNorm(W_kva x [:kv_lora]), k_rope = (W_kva x)[kv_lora:] (never rotated).
+// Queries q [T, H, nope + rope] = W_qb RMSNorm(W_qa x), and W_kva x into a.kva.
 template <typename R>
-static void project_and_append(MLACacheT<R>& cache, const R* x, const MLAWeightsT<R>& w, const MLADims& dm,
-                               int64_t T, const MLAActs<R>& a, R* saved_ckv) {
+static void project(const R* x, const MLAWeightsT<R>& w, const MLADims& dm, int64_t T, const MLAActs<R>& a) {
   const int64_t Dq = dm.nope + dm.rope, A = dm.kv_lora + dm.rope;
   linear(a.cq_raw, x, w.q_a_proj, T, dm.d, dm.q_lora);
   rmsnorm_forward<R>(a.cq, a.cq_rstd, a.cq_raw, w.q_a_norm, T, dm.q_lora, dm.rms_eps);
   linear(a.q, a.cq, w.q_b_proj, T, dm.q_lora, dm.H * Dq);
   linear(a.kva, x, w.kv_a_proj, T, dm.d, A);
-  const int64_t P = cache.n;
+}
+
+// The T new tokens' latents (rows kva [T, kv_lora + rope]) go into the cache:
+// c_kv = RMSNorm(kva[:kv_lora]), k_rope = kva[kv_lora:] (never rotated).
+template <typename R>
+static void append(MLACacheT<R>& cache, const R* kva, const MLAWeightsT<R>& w, const MLADims& dm, int64_t T,
+                   R* ckv_rstd, R* saved_ckv) {
+  const int64_t A = dm.kv_lora + dm.rope, P = cache.n;
   cache.c_kv.resize(size_t((P + T) * dm.kv_lora));
   cache.k_rope.resize(size_t((P + T) * dm.rope));
   for (int64_t t = 0; t < T; ++t) {
-    rmsnorm_forward<R>(cache.c_kv.data() + (P + t) * dm.kv_lora, a.ckv_rstd ? a.ckv_rstd + t : nullptr,
-                       a.kva + t * A, w.kv_a_norm, 1, dm.kv_lora, dm.rms_eps);
-    std::memcpy(cache.k_rope.data() + (P + t) * dm.rope, a.kva + t * A + dm.kv_lora, sizeof(R) * size_t(dm.rope));
+    rmsnorm_forward<R>(cache.c_kv.data() + (P + t) * dm.kv_lora, ckv_rstd ? ckv_rstd + t : nullptr, kva + t * A,
+                       w.kv_a_norm, 1, dm.kv_lora, dm.rms_eps);
+    std::memcpy(cache.k_rope.data() + (P + t) * dm.rope, kva + t * A + dm.kv_lora, sizeof(R) * size_t(dm.rope));
   }
   if (saved_ckv) std::memcpy(saved_ckv, cache.c_kv.data() + P * dm.kv_lora, sizeof(R) * size_t(T * dm.kv_lora));
   cache.n = P + T;
+}
+
+template <typename R>
+static void project_and_append(MLACacheT<R>& cache, const R* x, const MLAWeightsT<R>& w, const MLADims& dm,
+                               int64_t T, const MLAActs<R>& a, R* saved_ckv) {
+  project<R>(x, w, dm, T, a);
+  append<R>(cache, a.kva, w, dm, T, a.ckv_rstd, saved_ckv);
 }
 
 // out = W_o (o * sigmoid(W_g x)), o [T, H * v]. In place on o unless y is given (training
@@ -176,11 +188,15 @@ template void mla_mixer_forward<float>(float*, MLACacheT<float>&, const float*, 
 template void mla_mixer_forward<double>(double*, MLACacheT<double>&, const double*, const MLAWeightsT<double>&,
                                         const MLADims&, int64_t, MLAScratchT<double>&, MLASavedT<double>*);
 
-void mla_mixer_decode(float* out, MLACache& cache, const float* x, const MLAWeights& w, const MLADims& dm,
-                      int64_t T, MLAScratch& s) {
-  check(w, dm, cache);
+void mla_mixer_decode_batch(float* out, MLACache* const* caches, const int64_t* seg, int64_t n_seg, const float* x,
+                            const MLAWeights& w, const MLADims& dm, MLAScratch& s) {
+  K3_ASSERT(n_seg >= 1 && seg[0] == 0, "mla_mixer_decode_batch: segments do not start at row 0");
+  const int64_t T = seg[n_seg];
+  for (int64_t j = 0; j < n_seg; ++j) {
+    check(w, dm, *caches[j]);
+    K3_ASSERT(seg[j + 1] >= seg[j], "mla_mixer_decode_batch: segments out of order");
+  }
   if (T == 0) return;
-  const int64_t P = cache.n;
   const int64_t Dq = dm.nope + dm.rope, KV = dm.nope + dm.v, L = dm.kv_lora, Da = L + dm.rope;
   grow(s.cq_raw, T * dm.q_lora);
   grow(s.cq, T * dm.q_lora);
@@ -189,7 +205,8 @@ void mla_mixer_decode(float* out, MLACache& cache, const float* x, const MLAWeig
   if (dm.output_gate) grow(s.gate, T * dm.H * dm.v);
   const MLAActs<float> a{s.cq_raw.data(), nullptr, s.cq.data(), s.q.data(), s.kva.data(),
                          nullptr,         nullptr, nullptr,     nullptr};
-  project_and_append<float>(cache, x, w, dm, T, a, nullptr);
+  // Projections over every row: each weight is read once for the batch.
+  project<float>(x, w, dm, T, a);
   grow(s.qa, T * dm.H * Da);
   grow(s.olat, T * dm.H * L);
   grow(s.o, T * dm.H * dm.v);
@@ -203,24 +220,39 @@ void mla_mixer_decode(float* out, MLACache& cache, const float* x, const MLAWeig
       std::memcpy(s.qa.data() + (t * dm.H + h) * Da + L, s.q.data() + (t * dm.H + h) * Dq + dm.nope,
                   sizeof(float) * size_t(dm.rope));
   }
-  // One shared kv head: keys [c_kv | k_rope], values c_kv; o_lat [T, H, kv_lora].
-  AttentionDims ad;
-  ad.Tq = T;
-  ad.P = P;
-  ad.H = dm.H;
-  ad.Hkv = 1;
-  ad.Dk = L;
-  ad.Dr = dm.rope;
-  ad.Dv = L;
-  ad.scale = softmax_scale(dm);
-  attention_forward(s.olat.data(), s.qa.data(), cache.c_kv.data(), cache.k_rope.data(), cache.c_kv.data(), ad,
-                    s.attn);
+  // Per sequence: its new latents join its cache, its queries attend over it. One shared kv
+  // head: keys [c_kv | k_rope], values c_kv; o_lat [T, H, kv_lora].
+  for (int64_t j = 0; j < n_seg; ++j) {
+    const int64_t r = seg[j], Tj = seg[j + 1] - seg[j];
+    if (Tj == 0) continue;
+    MLACache& cache = *caches[j];
+    const int64_t P = cache.n;
+    append<float>(cache, s.kva.data() + r * Da, w, dm, Tj, nullptr, nullptr);
+    AttentionDims ad;
+    ad.Tq = Tj;
+    ad.P = P;
+    ad.H = dm.H;
+    ad.Hkv = 1;
+    ad.Dk = L;
+    ad.Dr = dm.rope;
+    ad.Dv = L;
+    ad.scale = softmax_scale(dm);
+    attention_forward(s.olat.data() + r * dm.H * L, s.qa.data() + r * dm.H * Da, cache.c_kv.data(),
+                      cache.k_rope.data(), cache.c_kv.data(), ad, s.attn);
+  }
   // Value half: o[h] = W_uv[h] o_lat[h], W_uv[h] = kv_b rows [h*KV + nope, (h+1)*KV) ([v, kv_lora]).
 #pragma omp parallel for schedule(static) if (dm.H > 1)
   for (int64_t h = 0; h < dm.H; ++h)
-    gemm(false, true, T, dm.v, L, 1.f, s.olat.data() + h * L, dm.H * L, w.kv_b_proj.offset((h * KV + dm.nope) * L), L, 0.f,
-         s.o.data() + h * dm.v, dm.H * dm.v);
+    gemm(false, true, T, dm.v, L, 1.f, s.olat.data() + h * L, dm.H * L, w.kv_b_proj.offset((h * KV + dm.nope) * L), L,
+         0.f, s.o.data() + h * dm.v, dm.H * dm.v);
   gate_and_project<float>(out, x, w, dm, T, s.o.data(), dm.output_gate ? s.gate.data() : nullptr, nullptr);
+}
+
+void mla_mixer_decode(float* out, MLACache& cache, const float* x, const MLAWeights& w, const MLADims& dm,
+                      int64_t T, MLAScratch& s) {
+  MLACache* c = &cache;
+  const int64_t seg[2] = {0, T};
+  mla_mixer_decode_batch(out, &c, seg, 1, x, w, dm, s);
 }
 
 }  // namespace k3

@@ -124,4 +124,11 @@ void mla_mixer_backward(R* dx, const MLAGradsT<R>& grads, const R* dout, const M
 void mla_mixer_decode(float* out, MLACache& cache, const float* x, const MLAWeights& w, const MLADims& dims,
                       int64_t T, MLAScratch& scratch);
 
+// Several sequences in one call (batched decode): rows [seg[j], seg[j+1]) of x [seg[n_seg], d]
+// belong to the sequence whose latent cache is *caches[j] (seg[0] = 0). Projections run over
+// all rows (each weight read once for the batch); the cache append and the attention per
+// sequence. Each sequence's rows equal mla_mixer_decode on that sequence alone.
+void mla_mixer_decode_batch(float* out, MLACache* const* caches, const int64_t* seg, int64_t n_seg, const float* x,
+                            const MLAWeights& w, const MLADims& dims, MLAScratch& scratch);
+
 }  // namespace k3

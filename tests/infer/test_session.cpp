@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/fixture.h"
+#include "common/random_model.h"
 #include "infer/session.h"
 #include "io/config.h"
 #include "model/init.h"
@@ -19,39 +20,9 @@ using namespace k3;
 
 namespace {
 
-K3Config tiny(int64_t block_size = 0, int64_t expert_width = 0) {
-  K3Config c = load_config(std::string(K3_SOURCE_DIR) + "/configs/tiny.json");
-  if (block_size > 0) c.attn_res_block_size = block_size;
-  if (expert_width > 0) c.moe_intermediate_size = expert_width;
-  return c;
-}
-
-// The init recipe with random AttnRes pseudo-queries, gains and router biases (std 0.1), so
-// that every AttnRes read mixes non-uniformly.
-K3Model random_model(const K3Config& c, uint64_t seed, ExpertStorage ex = ExpertStorage::Plain) {
-  WeightStore w = init_weights(c, {seed, ex});
-  for (size_t i = 0; i < w.layout().size(); ++i) {
-    const ParamSpec& s = w.layout().spec(i);
-    const InitRule r = init_rule(s);
-    if (r != InitRule::Zeros && r != InitRule::Ones) continue;
-    ParamSpec alt = s;
-    alt.name += "#session";
-    init_tensor(w.param(i), s.numel(), alt, InitRule::Normal, seed, 0.1, 1);
-    if (r == InitRule::Ones)
-      for (int64_t j = 0; j < s.numel(); ++j) w.param(i)[j] += 1.f;
-  }
-  return K3Model(std::move(w));
-}
-
-std::vector<int32_t> make_ids(int64_t T, int64_t V, uint32_t seed) {
-  std::vector<int32_t> ids(static_cast<size_t>(T));
-  uint32_t x = seed * 2654435761u + 7;
-  for (auto& id : ids) {
-    x = x * 1664525u + 1013904223u;
-    id = int32_t((x >> 8) % uint32_t(V));
-  }
-  return ids;
-}
+K3Config tiny(int64_t block_size = 0, int64_t expert_width = 0) { return test::tiny_config(block_size, expert_width); }
+using test::make_ids;
+using test::random_model;
 
 std::vector<float> full_forward(const K3Model& m, const std::vector<int32_t>& ids) {
   std::vector<float> logits(ids.size() * size_t(m.dims().V));

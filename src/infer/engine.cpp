@@ -1,0 +1,418 @@
+// The serving engine's scheduler (see engine.h).
+#include "infer/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "core/threads.h"
+#include "infer/prefix_cache.h"
+
+namespace k3 {
+
+using Clock = std::chrono::steady_clock;
+
+static double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// ---------------------------------------------------------------------------------------------
+// RequestHandle
+
+void RequestHandle::push(GenerationEvent ev) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    events_.push_back(std::move(ev));
+  }
+  cv_.notify_all();
+}
+
+bool RequestHandle::next(GenerationEvent& ev, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!cv_.wait_for(lk, timeout, [&] { return !events_.empty(); })) return false;
+  ev = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// LatencyHistogram
+
+const std::vector<double>& LatencyHistogram::bounds() {
+  static const std::vector<double> b = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                        0.5,   1.0,    2.5,   5.0,  10.0,  30.0, 60.0};
+  return b;
+}
+
+void LatencyHistogram::observe(double s) {
+  const std::vector<double>& b = bounds();
+  if (counts.empty()) counts.assign(b.size() + 1, 0);
+  const size_t i = size_t(std::lower_bound(b.begin(), b.end(), s) - b.begin());
+  ++counts[i];
+  sum += s;
+  ++total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine
+
+namespace {
+
+struct Waiting {
+  std::shared_ptr<RequestHandle> handle;
+  GenerationRequest req;
+  Clock::time_point submitted;
+};
+
+struct Slot {
+  std::shared_ptr<RequestHandle> handle;
+  GenerationRequest req;
+  Clock::time_point submitted, last_token;
+  DecodeState st;
+  std::unique_ptr<Sampler> sampler;
+  PrefixCache::Node* node = nullptr;  // pinned snapshot at the last chunk boundary (prefill only)
+  int64_t cached = 0;                 // prompt tokens restored from the prefix cache
+  int64_t generated = 0;
+  int32_t pending = -1;               // sampled, to be fed by the next decode step
+  bool done = false;
+  std::vector<float> row;             // logits of this sequence, masked in place
+  bool prefilling() const { return st.n_tokens < int64_t(req.prompt.size()); }
+};
+
+}  // namespace
+
+struct Engine::Impl {
+  const K3Model& model;
+  EngineOptions opt;
+  int threads;
+  int64_t slot_bytes = 0;  // one sequence at full context: KDA/conv states + MLA latent cache
+  PrefixCache cache;
+
+  mutable std::mutex mu;
+  std::condition_variable cv, idle_cv;
+  std::deque<Waiting> waiting;
+  bool stopping = false, draining = false, cancel_running = false;
+  EngineStats stats;  // guarded by mu
+
+  // Scheduler-thread state.
+  std::vector<std::unique_ptr<Slot>> running;
+  ForwardScratch prefill_scratch, decode_scratch;
+  std::vector<float> prefill_logits, batch_logits;
+  std::vector<int32_t> batch_ids;
+  std::vector<int64_t> batch_seg;
+  std::vector<DecodeState*> batch_states;
+  std::vector<Slot*> batch_slots;
+  std::thread thread;
+
+  Impl(const K3Model& m, EngineOptions o)
+      : model(m), opt(std::move(o)), threads(num_threads()), cache(m.dims(), opt.prefill_chunk) {
+    const ModelDims& d = model.dims();
+    int64_t mla_layers = 0;
+    for (bool b : d.mla) mla_layers += b ? 1 : 0;
+    slot_bytes = cache.snapshot_bytes() +
+                 int64_t(sizeof(float)) * mla_layers * (d.mla_dims.kv_lora + d.mla_dims.rope) * opt.ctx;
+    stats.state_budget_bytes = opt.state_budget_mb << 20;
+    node_bytes = cache.snapshot_bytes() +
+                 int64_t(sizeof(float)) * mla_layers * (d.mla_dims.kv_lora + d.mla_dims.rope) * opt.prefill_chunk +
+                 int64_t(sizeof(int32_t)) * opt.prefill_chunk + 256;
+    prefill_logits.resize(size_t(d.V));
+  }
+
+  int64_t node_bytes = 0;  // one snapshot: KDA/conv states + one chunk of MLA rows (an upper bound)
+  int64_t stats_budget() const { return stats.state_budget_bytes; }  // fixed after construction
+  int64_t state_bytes() const { return int64_t(running.size()) * slot_bytes + cache.bytes(); }
+
+  void finish(Slot& s, const std::string& reason, const std::string& error = {}) {
+    GenerationEvent ev;
+    ev.final = true;
+    ev.finish = reason;
+    ev.error = error;
+    ev.prompt_tokens = int64_t(s.req.prompt.size());
+    ev.cached_tokens = s.cached;
+    ev.completion_tokens = s.generated;
+    s.handle->push(std::move(ev));
+    s.done = true;
+    if (s.node) cache.unpin(s.node), s.node = nullptr;
+  }
+
+  // Samples the next token of `s` from its logits, emits it, and ends the sequence on a stop
+  // token, at max_tokens or at the context limit.
+  void emit_next(Slot& s, const float* logits) {
+    const int64_t V = model.dims().V;
+    s.row.assign(logits, logits + V);
+    int32_t id = -1;
+    const std::vector<int32_t>& forced = opt.forced_output;
+    bool forced_end = false;
+    if (!forced.empty()) {
+      if (s.generated < int64_t(forced.size())) id = forced[size_t(s.generated)];
+      else if (!s.req.stop_tokens.empty()) id = s.req.stop_tokens[0];
+      else forced_end = true;
+    } else {
+      if (s.req.constraint) s.req.constraint->mask(s.row.data(), V);
+      id = s.sampler->sample(s.row.data(), V);
+    }
+    if (forced_end) {
+      finish(s, "length");
+      return;
+    }
+    if (s.req.constraint) s.req.constraint->accept(id);
+    GenerationEvent ev;
+    ev.id = id;
+    if (s.req.top_logprobs >= 0) {
+      // Log-probabilities of the model's distribution (unmasked, temperature 1), as OpenAI reports.
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t i = 0; i < V; ++i) mx = std::max(mx, double(logits[i]));
+      double z = 0;
+      for (int64_t i = 0; i < V; ++i) z += std::exp(double(logits[i]) - mx);
+      const double lz = mx + std::log(z);
+      ev.logprob = float(double(logits[id]) - lz);
+      if (s.req.top_logprobs > 0) {
+        std::vector<int32_t> idx(static_cast<size_t>(V));
+        for (int64_t i = 0; i < V; ++i) idx[size_t(i)] = int32_t(i);
+        const int64_t n = std::min<int64_t>(s.req.top_logprobs, V);
+        std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
+          return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+        });
+        for (int64_t i = 0; i < n; ++i)
+          ev.top.push_back({idx[size_t(i)], float(double(logits[idx[size_t(i)]]) - lz)});
+      }
+    }
+    const Clock::time_point now = Clock::now();
+    ++s.generated;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      ++stats.generation_tokens_total;
+      if (s.generated == 1) stats.ttft.observe(seconds(now - s.submitted));
+      else stats.itl.observe(seconds(now - s.last_token));
+    }
+    if (s.generated == 1) ev.ttft_s = seconds(now - s.submitted);
+    s.last_token = now;
+    s.handle->push(std::move(ev));
+    const bool stop = std::find(s.req.stop_tokens.begin(), s.req.stop_tokens.end(), id) != s.req.stop_tokens.end();
+    if (stop) finish(s, "stop");
+    else if (s.generated >= s.req.max_tokens || s.st.n_tokens + 1 > opt.ctx) finish(s, "length");
+    else s.pending = id;
+  }
+
+  // Admits waiting requests while a slot and the state budget allow (evicting snapshots).
+  // Called with mu held.
+  void admit() {
+    while (!waiting.empty() && int64_t(running.size()) < opt.parallel) {
+      Waiting& w = waiting.front();
+      if (w.handle->cancelled()) {
+        GenerationEvent ev;
+        ev.final = true;
+        ev.finish = "cancelled";
+        ev.prompt_tokens = int64_t(w.req.prompt.size());
+        w.handle->push(std::move(ev));
+        waiting.pop_front();
+        continue;
+      }
+      const int64_t budget = stats.state_budget_bytes;
+      const int64_t need = int64_t(running.size() + 1) * slot_bytes;
+      if (need + cache.bytes() > budget && !cache.shrink_to(budget - need)) break;  // wait for a slot to end
+      auto s = std::make_unique<Slot>();
+      s->handle = w.handle;
+      s->req = std::move(w.req);
+      s->submitted = w.submitted;
+      s->sampler = std::make_unique<Sampler>(s->req.sampling);
+      s->st = model.new_state();
+      s->st.reserve(opt.ctx, model.dims());
+      const int64_t P = int64_t(s->req.prompt.size());
+      // At least the last prompt token is computed: its logits give the first token.
+      if (opt.prefix_cache) s->node = cache.restore(s->req.prompt.data(), P - 1, s->st);
+      s->cached = s->st.n_tokens;
+      waiting.pop_front();
+      ++stats.requests_total;
+      stats.prompt_tokens_total += uint64_t(P);
+      stats.cached_prompt_tokens_total += uint64_t(s->cached);
+      if (opt.prefix_cache) ++(s->cached > 0 ? stats.prefix_cache_hits : stats.prefix_cache_misses);
+      running.push_back(std::move(s));
+    }
+    stats.running = int64_t(running.size());
+    stats.waiting = int64_t(waiting.size());
+  }
+
+  // One prefill chunk of `s`: to the next multiple of prefill_chunk (or the prompt's end),
+  // so chunk boundaries are the same absolute positions with or without the cache.
+  void prefill_chunk(Slot& s) {
+    const int64_t P = int64_t(s.req.prompt.size()), C = opt.prefill_chunk;
+    const int64_t p = s.st.n_tokens, e = std::min(P, (p / C + 1) * C);
+    ForwardOptions fo;
+    fo.mode = MixerMode::Prefill;
+    fo.last_only = true;
+    model.forward(prefill_logits.data(), s.req.prompt.data() + p, e - p, s.st, prefill_scratch, fo);
+    if (s.node && e % C == 0) {
+      // A snapshot must fit the budget beside the slots; older unpinned ones make room, and
+      // when they cannot, this request stops taking snapshots.
+      const int64_t room = stats_budget() - int64_t(running.size()) * slot_bytes - node_bytes;
+      if (cache.bytes() <= room || cache.shrink_to(room)) {
+        s.node = cache.extend(s.node, s.req.prompt.data() + e - C, s.st);
+      } else {
+        cache.unpin(s.node);
+        s.node = nullptr;
+      }
+    }
+    if (e == P) {
+      if (s.node) cache.unpin(s.node), s.node = nullptr;
+      emit_next(s, prefill_logits.data());
+    }
+  }
+
+  // One decode step of every sequence that has a token to feed, as one batch.
+  void decode_step() {
+    batch_ids.clear();
+    batch_seg.assign(1, 0);
+    batch_states.clear();
+    batch_slots.clear();
+    for (auto& s : running) {
+      if (s->done || s->pending < 0) continue;
+      batch_ids.push_back(s->pending);
+      batch_seg.push_back(int64_t(batch_ids.size()));
+      batch_states.push_back(&s->st);
+      batch_slots.push_back(s.get());
+    }
+    if (batch_slots.empty()) return;
+    const int64_t B = int64_t(batch_slots.size()), V = model.dims().V;
+    batch_logits.resize(size_t(B * V));
+    model.forward_batch(batch_logits.data(), batch_ids.data(), batch_seg.data(), B, batch_states.data(),
+                        decode_scratch);
+    for (int64_t j = 0; j < B; ++j) {
+      Slot& s = *batch_slots[size_t(j)];
+      s.pending = -1;
+      emit_next(s, batch_logits.data() + j * V);
+    }
+  }
+
+  void run() {
+    set_num_threads(threads);  // OpenMP's thread count is per thread: this one computes
+    while (true) {
+      const Clock::time_point t0 = Clock::now();
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return stopping || !waiting.empty() || !running.empty(); });
+        if (stopping) break;
+        if (cancel_running)
+          for (auto& s : running) s->handle->cancel();
+        admit();
+      }
+      // Cancelled sequences end before any compute of this step.
+      for (auto& s : running)
+        if (!s->done && s->handle->cancelled()) finish(*s, "cancelled");
+      Clock::time_point t1 = Clock::now();
+      double prefill_s = 0, step_s = 0;
+      try {
+        for (auto& s : running)
+          if (!s->done && s->prefilling()) {
+            prefill_chunk(*s);  // one chunk of one request per iteration: decode steps keep going
+            break;
+          }
+        const Clock::time_point t2 = Clock::now();
+        prefill_s = seconds(t2 - t1);
+        decode_step();
+        step_s = seconds(Clock::now() - t2);
+      } catch (const std::exception& e) {
+        // A failure inside the model ends every sequence of this iteration with the error
+        // (the engine keeps serving the next requests).
+        for (auto& s : running)
+          if (!s->done) finish(*s, "error", e.what());
+      }
+      const Clock::time_point t3 = Clock::now();
+      running.erase(std::remove_if(running.begin(), running.end(), [](const auto& s) { return s->done; }),
+                    running.end());
+      std::lock_guard<std::mutex> lk(mu);
+      if (step_s > 0) ++stats.steps;
+      stats.step_seconds += step_s;
+      stats.prefill_seconds += prefill_s;
+      stats.schedule_seconds += seconds(t3 - t0) - prefill_s - step_s;
+      stats.running = int64_t(running.size());
+      stats.waiting = int64_t(waiting.size());
+      stats.state_bytes = state_bytes();
+      stats.snapshot_bytes = cache.bytes();
+      stats.snapshots = cache.snapshots();
+      if (running.empty() && waiting.empty()) idle_cv.notify_all();
+    }
+    for (auto& s : running)
+      if (!s->done) finish(*s, "cancelled");
+    running.clear();
+  }
+};
+
+Engine::Engine(const K3Model& model, EngineOptions opt) : model_(model), opt_(std::move(opt)) {
+  if (opt_.parallel < 1) fail("engine: parallel must be >= 1, got " + std::to_string(opt_.parallel));
+  if (opt_.ctx < 2) fail("engine: ctx must be >= 2, got " + std::to_string(opt_.ctx));
+  if (opt_.queue_limit < 0) fail("engine: queue limit must be >= 0");
+  if (opt_.prefill_chunk < 1) fail("engine: prefill chunk must be >= 1");
+  impl_ = std::make_unique<Impl>(model_, opt_);
+  if (impl_->slot_bytes > impl_->stats.state_budget_bytes)
+    fail("engine: the state budget of " + std::to_string(opt_.state_budget_mb) + " MB is below one sequence's " +
+         std::to_string((impl_->slot_bytes + (1 << 20) - 1) >> 20) + " MB at ctx " + std::to_string(opt_.ctx));
+  impl_->thread = std::thread([this] { impl_->run(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    impl_->stopping = true;
+    for (Waiting& w : impl_->waiting) {
+      GenerationEvent ev;
+      ev.final = true;
+      ev.finish = "cancelled";
+      w.handle->push(std::move(ev));
+    }
+    impl_->waiting.clear();
+  }
+  impl_->cv.notify_all();
+  impl_->thread.join();
+}
+
+std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest req) {
+  const int64_t V = model_.dims().V, P = int64_t(req.prompt.size());
+  if (P == 0) fail("the prompt is empty");
+  for (int64_t i = 0; i < P; ++i)
+    if (req.prompt[size_t(i)] < 0 || req.prompt[size_t(i)] >= V)
+      fail("prompt token " + std::to_string(req.prompt[size_t(i)]) + " at position " + std::to_string(i) +
+           " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  if (req.max_tokens < 1) fail("max_tokens must be >= 1, got " + std::to_string(req.max_tokens));
+  if (P + req.max_tokens > opt_.ctx)
+    fail("the prompt (" + std::to_string(P) + " tokens) plus max_tokens (" + std::to_string(req.max_tokens) +
+         ") exceeds the context of " + std::to_string(opt_.ctx) + " tokens");
+  if (req.top_logprobs > 20) fail("top_logprobs must be <= 20");
+  for (int32_t t : req.stop_tokens)
+    if (t < 0 || t >= V) fail("stop token " + std::to_string(t) + " is outside the vocabulary");
+  auto h = std::make_shared<RequestHandle>();
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    if (impl_->draining || impl_->stopping) fail("the engine is shutting down");
+    if (int64_t(impl_->waiting.size()) >= opt_.queue_limit + std::max<int64_t>(0, opt_.parallel - impl_->stats.running))
+      throw QueueFull("the request queue is full (" + std::to_string(opt_.queue_limit) + " waiting)");
+    impl_->waiting.push_back({h, std::move(req), Clock::now()});
+    impl_->stats.waiting = int64_t(impl_->waiting.size());
+  }
+  impl_->cv.notify_all();
+  return h;
+}
+
+int64_t Engine::drain(std::chrono::milliseconds deadline) {
+  std::unique_lock<std::mutex> lk(impl_->mu);
+  impl_->draining = true;
+  const bool idle = impl_->idle_cv.wait_for(lk, deadline, [&] {
+    return impl_->waiting.empty() && impl_->stats.running == 0;
+  });
+  if (idle) return 0;
+  // Past the deadline: cancel what is left; the scheduler ends each within one step.
+  int64_t n = int64_t(impl_->waiting.size()) + impl_->stats.running;
+  for (Waiting& w : impl_->waiting) w.handle->cancel();
+  impl_->cancel_running = true;
+  impl_->cv.notify_all();
+  impl_->idle_cv.wait_for(lk, std::chrono::seconds(10), [&] {
+    return impl_->waiting.empty() && impl_->stats.running == 0;
+  });
+  return n;
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace k3

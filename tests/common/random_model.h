@@ -1,0 +1,16 @@
+// Random test models: the init recipe with random AttnRes pseudo-queries, gains and router
+// biases (std 0.1), so every AttnRes read mixes non-uniformly and routing is not a tie.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "io/config.h"
+#include "model/k3_model.h"
+
+namespace k3::test {
+
+K3Config tiny_config(int64_t block_size = 0, int64_t expert_width = 0);  // configs/tiny.json
+K3Model random_model(const K3Config& c, uint64_t seed, ExpertStorage ex = ExpertStorage::Plain);
+std::vector<int32_t> make_ids(int64_t T, int64_t V, uint32_t seed);  // deterministic pseudo-random ids
+
+}  // namespace k3::test
