@@ -30,10 +30,11 @@ std::vector<chat::Delta> ChatChoice::pass(std::vector<chat::Delta> ds) {
       parsed_finish_ = d.text;
       continue;
     }
-    if (d.kind == chat::Delta::Kind::content) {
-      d.text = stop_.push(d.text);
-      if (d.text.empty()) continue;
-    } else if (d.kind != chat::Delta::Kind::reasoning && stop_.held() > 0) {
+    const bool text_kind = d.kind == chat::Delta::Kind::reasoning || d.kind == chat::Delta::Kind::content ||
+                           d.kind == chat::Delta::Kind::tool_call_arguments;
+    if (d.kind == chat::Delta::Kind::content) d.text = stop_.push(d.text);
+    if (text_kind && d.text.empty()) continue;  // nothing to send
+    if (d.kind != chat::Delta::Kind::content && d.kind != chat::Delta::Kind::reasoning && stop_.held() > 0) {
       // content is over (a tool call follows): what it held back can no longer become a stop string
       chat::Delta c;
       c.kind = chat::Delta::Kind::content;

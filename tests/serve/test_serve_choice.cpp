@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "common/fixture.h"
+#include "serve/xtml_ids.h"
 #include "infer/chat_vocab.h"
 #include "serve/choice.h"
 #include "serve/response.h"
@@ -25,34 +26,7 @@ const k3::ChatVocab& vocab() {
   return v;
 }
 
-// "<|...|>" spellings in `xtml` become control segments; the rest text segments. Text inside
-// [[...]] is a text segment even if it spells markers (what ordinary ids decode to).
-std::vector<int32_t> ids_of(const std::string& xtml) {
-  std::vector<Segment> segs;
-  size_t at = 0;
-  while (at < xtml.size()) {
-    if (xtml.compare(at, 2, "[[") == 0) {
-      const size_t e = xtml.find("]]", at);
-      segs.push_back({xtml.substr(at + 2, e - at - 2), false});
-      at = e + 2;
-      continue;
-    }
-    size_t best = std::string::npos;
-    std::string which;
-    for (const char* m : {"<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>", "[[" }) {
-      const size_t p = xtml.find(m, at);
-      if (p < best) best = p, which = m;
-    }
-    if (best == at && which != "[[") {
-      segs.push_back({which, true});
-      at += which.size();
-      continue;
-    }
-    segs.push_back({xtml.substr(at, best == std::string::npos ? std::string::npos : best - at), false});
-    at = best == std::string::npos ? xtml.size() : best;
-  }
-  return vocab().encode(segs);
-}
+std::vector<int32_t> ids_of(const std::string& xtml) { return k3::test::xtml_ids(vocab(), xtml); }
 
 struct ChatRun {
   k3::chat::ParsedOutput result, streamed;
