@@ -18,7 +18,9 @@ constexpr std::string_view kPage = R"HTML(<!doctype html>
   header { padding: 10px 16px; border-bottom: 1px solid var(--line); display: flex; gap: 12px; align-items: center; }
   header h1 { font-size: 16px; margin: 0; font-weight: 600; }
   header .model { color: var(--dim); font-size: 13px; }
-  header label { margin-left: auto; font-size: 13px; color: var(--dim); }
+  header label { font-size: 13px; color: var(--dim); }
+  header label:first-of-type { margin-left: auto; }
+  header select, header input { width: auto; }
   #log { flex: 1; overflow-y: auto; padding: 16px; display: flex; flex-direction: column; gap: 12px; }
   .msg { max-width: 780px; padding: 10px 14px; border-radius: 10px; background: var(--card); border: 1px solid var(--line); white-space: pre-wrap; word-wrap: break-word; }
   .msg.user { align-self: flex-end; background: var(--accent); color: #fff; border: none; }
