@@ -51,6 +51,7 @@
 
 #include "core/threads.h"
 #include "infer/session.h"
+#include "bench_model.h"
 #include "bench_results.h"
 #include "machine_peak.h"
 #include "model/checkpoint.h"
@@ -67,40 +68,7 @@ int64_t g_prompt = 128, g_steps = 128, g_prefill_T = 2048;
 int g_threads = 2;
 bool g_cpu_time = false;  // --time=cpu
 
-// <build dir>: the directory above bench/ that holds this binary.
-fs::path build_dir() { return fs::read_symlink("/proc/self/exe").parent_path().parent_path(); }
-
-// The source tree, from the build directory's CMakeCache.txt (k3cpp_SOURCE_DIR).
-std::string source_dir() {
-  std::ifstream f(build_dir() / "CMakeCache.txt");
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind("k3cpp_SOURCE_DIR:STATIC=", 0) == 0) return line.substr(24);
-  return ".";
-}
-
-// The model directory, created (init + save, seed 1, MXFP4 experts, dense bf16) if it has no
-// config.json yet.
-std::string model_dir() {
-  std::string dir = g_model_dir;
-  if (dir.empty())
-    if (const char* e = std::getenv("K3_BENCH_MODEL")) dir = e;
-  if (dir.empty()) dir = (build_dir() / "bench-models" / "mid-1024-mxfp4-bf16").string();
-  if (fs::exists(fs::path(dir) / "config.json")) return dir;
-  const std::string cfg_path = g_model_config.empty() ? source_dir() + "/configs/mid-1024.json" : g_model_config;
-  std::printf("creating %s from %s (seed 1, MXFP4 experts, bf16 dense) ...\n", dir.c_str(), cfg_path.c_str());
-  std::fflush(stdout);
-  const K3Config cfg = load_config(cfg_path);
-  InitOptions io;
-  io.seed = 1;
-  io.experts = ExpertStorage::Mxfp4;
-  WeightStore w = init_weights(cfg, io);
-  SaveOptions so;
-  so.experts = ExpertStorage::Mxfp4;
-  so.dense_dtype = DType::BF16;
-  fs::create_directories(fs::path(dir).parent_path());
-  save_checkpoint(dir, w, so);
-  return dir;
-}
+std::string model_dir() { return bench::bench_model_dir(g_model_dir, g_model_config); }
 
 // Resets the resident high-water mark to the current resident size (Linux >= 4.0); false
 // where /proc/self/clear_refs cannot be written (then ru_maxrss keeps the whole run's peak).

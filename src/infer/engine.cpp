@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include <time.h>
+
 #include "core/error.h"
 #include "core/threads.h"
 #include "infer/prefix_cache.h"
@@ -14,6 +16,14 @@ namespace k3 {
 using Clock = std::chrono::steady_clock;
 
 static double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// CPU time of the calling thread: with one compute thread, the work a step did whatever else
+// the machine runs.
+static double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 // ---------------------------------------------------------------------------------------------
 // RequestHandle
@@ -154,7 +164,14 @@ struct Engine::Impl {
       finish(s, "length");
       return;
     }
-    if (s.req.constraint) s.req.constraint->accept(id);
+    if (s.req.constraint) {
+      try {
+        s.req.constraint->accept(id);
+      } catch (const std::exception& e) {  // e.g. a forced token the constraint does not allow
+        finish(s, "error", e.what());
+        return;
+      }
+    }
     GenerationEvent ev;
     ev.id = id;
     if (s.req.top_logprobs >= 0) {
@@ -299,7 +316,7 @@ struct Engine::Impl {
       for (auto& s : running)
         if (!s->done && s->handle->cancelled()) finish(*s, "cancelled");
       Clock::time_point t1 = Clock::now();
-      double prefill_s = 0, step_s = 0;
+      double prefill_s = 0, step_s = 0, step_cpu_s = 0;
       try {
         for (auto& s : running)
           if (!s->done && s->prefilling()) {
@@ -308,7 +325,9 @@ struct Engine::Impl {
           }
         const Clock::time_point t2 = Clock::now();
         prefill_s = seconds(t2 - t1);
+        const double c0 = thread_cpu_seconds();
         decode_step();
+        step_cpu_s = thread_cpu_seconds() - c0;
         step_s = seconds(Clock::now() - t2);
       } catch (const std::exception& e) {
         // A failure inside the model ends every sequence of this iteration with the error
@@ -322,6 +341,7 @@ struct Engine::Impl {
       std::lock_guard<std::mutex> lk(mu);
       if (step_s > 0) ++stats.steps;
       stats.step_seconds += step_s;
+      stats.step_cpu_seconds += step_cpu_s;
       stats.prefill_seconds += prefill_s;
       stats.schedule_seconds += seconds(t3 - t0) - prefill_s - step_s;
       stats.running = int64_t(running.size());

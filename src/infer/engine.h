@@ -102,7 +102,8 @@ struct EngineStats {
   int64_t snapshot_bytes = 0;      // prefix cache alone
   int64_t snapshots = 0;           // prefix-cache snapshots held
   uint64_t steps = 0;              // decode batches run
-  double step_seconds = 0, prefill_seconds = 0, schedule_seconds = 0;  // where the time went
+  double step_seconds = 0, prefill_seconds = 0, schedule_seconds = 0;  // where the (wall) time went
+  double step_cpu_seconds = 0;     // the scheduler thread's own CPU time in decode steps
   LatencyHistogram ttft, itl;      // time to first token; inter-token latency
 };
 

@@ -52,11 +52,14 @@ int32_t Sampler::sample(const float* logits, int64_t vocab) {
     sum = std::accumulate(prob_.begin(), prob_.begin() + n, 0.0);
   }
   double r = next_uniform() * sum;
+  int64_t last = 0;  // the last candidate with mass: rounding can leave r unspent, and a
+                     // masked (-inf, probability 0) candidate must never be returned
   for (int64_t i = 0; i < n; ++i) {
+    if (prob_[i] > 0) last = i;
     r -= prob_[i];
-    if (r < 0) return idx_[i];
+    if (r < 0 && prob_[i] > 0) return idx_[i];
   }
-  return idx_[n - 1];
+  return idx_[last];
 }
 
 }  // namespace k3

@@ -118,7 +118,11 @@ using BlockState = BlockStateT<float>;
 // Which mixer kernels run: Prefill (chunked/fast KDA core or the recurrent reference, per
 // kda_path; MLA expanded over the latent cache) or Decode (KDA token-by-token recurrence:
 // the decode step for one token, the recurrent reference for several; MLA absorbed).
-enum class MixerMode { Prefill, Decode };
+// PrefillLatent: Prefill's KDA, with MLA attending over the latent cache with absorbed
+// projections (as in decode) instead of re-expanding K and V for every cached token on every
+// call, so a long chunked prefill holds only the latent cache (576 values per token and MLA
+// layer for K3) and its cost per chunk does not grow with the expansion of the whole prefix.
+enum class MixerMode { Prefill, Decode, PrefillLatent };
 
 // Per-layer saved activations of a training forward (filled when a record is passed: full
 // sequence, fresh state, empty MLA cache). The wiring fills what it computes itself (AttnRes

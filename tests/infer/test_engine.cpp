@@ -299,3 +299,26 @@ TEST(Engine, ConstraintMasksEverySampledToken) {
 }
 
 }  // namespace
+
+struct RejectsSeven : LogitConstraint {
+  void mask(float*, int64_t) override {}
+  void accept(int32_t id) override {
+    if (id == 7) fail("token 7 is not allowed here");
+  }
+};
+
+// A constraint that refuses a (forced) token ends that request with an error; the engine
+// keeps serving.
+TEST(Engine, ConstraintErrorEndsOnlyItsRequest) {
+  const K3Model& m = model();
+  EngineOptions o;
+  o.forced_output = {5, 7, 9};
+  Engine e(m, o);
+  GenerationRequest q = greedy({1, 2, 3}, 10, -1);
+  q.constraint = std::make_shared<RejectsSeven>();
+  const Result bad = collect(*e.submit(q));
+  EXPECT_EQ(bad.final.finish, "error");
+  EXPECT_NE(bad.final.error.find("token 7"), std::string::npos) << bad.final.error;
+  EXPECT_EQ(bad.ids, (std::vector<int32_t>{5}));
+  EXPECT_EQ(collect(*e.submit(greedy({1, 2, 3}, 10, -1))).ids, (std::vector<int32_t>{5, 7, 9}));
+}

@@ -1,0 +1,186 @@
+// Serving-engine benchmark (docs/serving.md, "Engine"): the mid-1024 model (MXFP4 routed
+// experts, bf16 dense, bench/bench_model.h) behind infer/engine.h, 2 threads. In run order:
+//   engine/decode/B    B requests submitted together (B = 1, 2, 4, 8, 16), prompts of 64 tokens,
+//                      64 tokens generated each (greedy). agg_tok/s = tokens produced by decode
+//                      steps / seconds inside the batched decode steps (engine stats), so the
+//                      prefills do not count; seq_tok/s = agg_tok/s / B; speedup_vs_1 against
+//                      engine/decode/1 of the same run.
+//   engine/ttft/...    a 2048-token shared prefix plus a 16-token question, one request at a
+//                      time: `uncached` with the prefix cache off, `cached` after the engine has
+//                      served the same prefix with another question (its snapshots are cached);
+//                      ttft_ms is submit to first token; the summary gives the ratio.
+//   engine/overhead/16 16 concurrent requests: the share of the scheduler loop's time spent
+//                      outside the model (admission, sampling, bookkeeping) against the step.
+// Own flags: --model_dir=DIR, --model_config=FILE, --threads=N (default 2).
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_model.h"
+#include "bench_results.h"
+#include "core/simd_target.h"
+#include "core/threads.h"
+#include "infer/engine.h"
+#include "model/checkpoint.h"
+
+using namespace k3;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string g_model_dir, g_model_config;
+int g_threads = 2;
+
+const K3Model& model() {
+  static std::unique_ptr<K3Model> m;
+  if (!m) {
+    LoadOptions lo;
+    lo.dense_as_stored = true;  // as `k3cpp serve` loads
+    m = std::make_unique<K3Model>(load_model(bench::bench_model_dir(g_model_dir, g_model_config), lo));
+  }
+  return *m;
+}
+
+std::vector<int32_t> tokens(int64_t n, int64_t V, uint64_t seed) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  uint64_t s = seed;
+  for (auto& id : ids) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    id = int32_t((s >> 33) % uint64_t(V));
+  }
+  return ids;
+}
+
+// Waits for the final event of h; returns its TTFT (seconds).
+double run_to_end(RequestHandle& h) {
+  GenerationEvent ev;
+  double ttft = 0;
+  while (h.next(ev, 600s)) {
+    if (ev.ttft_s > 0) ttft = ev.ttft_s;
+    if (ev.final) {
+      if (ev.finish != "length") std::fprintf(stderr, "request ended with %s %s\n", ev.finish.c_str(), ev.error.c_str());
+      break;
+    }
+  }
+  return ttft;
+}
+
+GenerationRequest request(std::vector<int32_t> prompt, int64_t n) {
+  GenerationRequest q;
+  q.prompt = std::move(prompt);
+  q.max_tokens = n;
+  return q;
+}
+
+void BM_Decode(benchmark::State& state, int64_t B) {
+  const K3Model& m = model();
+  const int64_t G = 64;
+  EngineOptions o;
+  o.parallel = B;
+  o.ctx = 1024;
+  EngineStats st;
+  for (auto _ : state) {
+    Engine e(m, o);
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (int64_t j = 0; j < B; ++j) hs.push_back(e.submit(request(tokens(64, m.dims().V, uint64_t(j + 1)), G)));
+    for (auto& h : hs) run_to_end(*h);
+    st = e.stats();
+  }
+  // Every token but each request's first comes out of a batched decode step.
+  const double agg = double(B * (G - 1)) / st.step_seconds;
+  state.counters["agg_tok/s"] = agg;
+  state.counters["seq_tok/s"] = agg / double(B);
+  state.counters["steps"] = double(st.steps);
+  // With --threads=1 the scheduler thread does all the compute: its CPU time is the work.
+  state.counters["agg_tok/cpu_s"] = double(B * (G - 1)) / st.step_cpu_seconds;
+  const auto& r = bench::results();
+  const auto one = r.find("engine/decode/1");
+  if (one != r.end() && B > 1) state.counters["speedup_vs_1"] = agg / one->second.c.at("agg_tok/s");
+}
+
+void BM_Ttft(benchmark::State& state, bool cached) {
+  const K3Model& m = model();
+  const int64_t V = m.dims().V;
+  const std::vector<int32_t> prefix = tokens(2048, V, 77);
+  auto with_question = [&](uint64_t seed) {
+    std::vector<int32_t> p = prefix;
+    const std::vector<int32_t> q = tokens(16, V, seed);
+    p.insert(p.end(), q.begin(), q.end());
+    return p;
+  };
+  EngineOptions o;
+  o.parallel = 1;
+  o.ctx = 4096;
+  o.prefix_cache = cached;
+  double ttft = 0;
+  int64_t cached_tokens = 0;
+  for (auto _ : state) {
+    Engine e(m, o);
+    run_to_end(*e.submit(request(with_question(1), 1)));  // warms the cache (or, uncached, the kernels)
+    auto h = e.submit(request(with_question(2), 1));
+    ttft = run_to_end(*h);
+    cached_tokens = int64_t(e.stats().cached_prompt_tokens_total);
+  }
+  state.counters["ttft_ms"] = ttft * 1e3;
+  state.counters["cached_tokens"] = double(cached_tokens);
+}
+
+void BM_Overhead(benchmark::State& state) {
+  const K3Model& m = model();
+  const int64_t B = 16;
+  EngineOptions o;
+  o.parallel = B;
+  o.ctx = 1024;
+  EngineStats st;
+  for (auto _ : state) {
+    Engine e(m, o);
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (int64_t j = 0; j < B; ++j) hs.push_back(e.submit(request(tokens(32, m.dims().V, uint64_t(j + 100)), 48)));
+    for (auto& h : hs) run_to_end(*h);
+    st = e.stats();
+  }
+  const double total = st.step_seconds + st.prefill_seconds + st.schedule_seconds;
+  state.counters["schedule_share"] = st.schedule_seconds / total;
+  state.counters["schedule_ms_per_step"] = 1e3 * st.schedule_seconds / double(st.steps);
+  state.counters["step_ms"] = 1e3 * st.step_seconds / double(st.steps);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::take_own_flags(argc, argv, [](const std::string&, auto val) {
+    if (const char* v = val("--model_dir=")) return g_model_dir = v, true;
+    if (const char* v = val("--model_config=")) return g_model_config = v, true;
+    if (const char* v = val("--threads=")) return g_threads = std::stoi(v), true;
+    return false;
+  });
+  set_num_threads(g_threads);
+  for (int64_t B : {1, 2, 4, 8, 16})
+    benchmark::RegisterBenchmark(("engine/decode/" + std::to_string(B)).c_str(), BM_Decode, B)
+        ->Iterations(1)
+        ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("engine/ttft/uncached", BM_Ttft, false)->Iterations(1)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("engine/ttft/cached", BM_Ttft, true)->Iterations(1)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("engine/overhead/16", BM_Overhead)->Iterations(1)->Unit(benchmark::kMillisecond);
+  benchmark::Initialize(&argc, argv);
+  bench::Capture rep;
+  benchmark::RunSpecifiedBenchmarks(&rep);
+  const auto& r = bench::results();
+  auto c = [&](const char* name, const char* key) {
+    const auto it = r.find(name);
+    return it == r.end() || !it->second.c.count(key) ? NAN : it->second.c.at(key);
+  };
+  std::printf("\nsummary (%s, %d threads):\n", machine_summary().c_str(), g_threads);
+  std::printf("  decode 8 sequences / 1 sequence, aggregate tok/s: %.2fx (target >= 4x)\n",
+              c("engine/decode/8", "agg_tok/s") / c("engine/decode/1", "agg_tok/s"));
+  std::printf("  TTFT with a cached 2K prefix: %.1f ms vs %.1f ms uncached: %.1fx (target >= 10x)\n",
+              c("engine/ttft/cached", "ttft_ms"), c("engine/ttft/uncached", "ttft_ms"),
+              c("engine/ttft/uncached", "ttft_ms") / c("engine/ttft/cached", "ttft_ms"));
+  std::printf("  scheduler share of loop time at 16 concurrent: %.2f%% (target < 5%%)\n",
+              100 * c("engine/overhead/16", "schedule_share"));
+  return 0;
+}
