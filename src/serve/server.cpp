@@ -12,7 +12,9 @@
 #include <shared_mutex>
 
 #include "core/error.h"
+#include "infer/chat_json_constraint.h"
 #include "infer/chat_vocab.h"
+#include "infer/json_schema.h"
 #include "io/chat_render.h"
 #include "serve/api_error.h"
 #include "serve/chat_page.h"
@@ -57,6 +59,8 @@ struct Server::Impl {
   // Loaded state: vocab first, then model and engine. Readers take `mu` shared.
   mutable std::shared_mutex mu;
   std::unique_ptr<ChatVocab> vocab;
+  std::shared_ptr<const JsonVocab> json_vocab;  // response_format: each id's bytes as a trie
+  K3ChatJsonIds json_ids;
   std::unique_ptr<K3Model> model;
   std::unique_ptr<Engine> engine;
   std::string load_error;
@@ -487,8 +491,19 @@ void Server::Impl::chat_completions(const httplib::Request& req, httplib::Respon
     throw ApiError(400, msg, msg.rfind("conversation: ", 0) == 0 ? msg.substr(14, msg.find(": ", 14) - 14) : "");
   }
   const int64_t max_tokens = resolve_max_tokens(plan.params, int64_t(ids.size()), eopt.ctx);
-  // TODO(json_constraint): response_format json_object / json_schema enforced once
-  // infer/json_constraint.h lands; until then the format is only announced in the prompt.
+  // response_format json_object / json_schema: every choice gets its own constraint (they are
+  // stateful): free reasoning for a quarter of max_tokens at most, then the forced transition
+  // into the response, the JSON, the forced closing of the message.
+  std::shared_ptr<const JsonGrammar> grammar;
+  const chat::ResponseFormat rf = plan.conv.options.response_format;
+  if (rf != chat::ResponseFormat::text) {
+    try {
+      grammar = rf == chat::ResponseFormat::json_object ? json_object_grammar()
+                                                        : compile_json_schema(plan.conv.options.response_schema);
+    } catch (const k3::Error& e) {
+      throw ApiError(422, e.what(), "response_format.json_schema.schema");
+    }
+  }
   auto job = std::make_shared<Job>();
   job->chat = true;
   job->stream = plan.params.stream;
@@ -504,7 +519,14 @@ void Server::Impl::chat_completions(const httplib::Request& req, httplib::Respon
     job->logprobs.push_back(Json{{"content", Json::array()}});
   }
   job->finish.assign(size_t(plan.params.n), "");
-  job->handles = submit_all(eng, make_requests(plan.params, ids, max_tokens, v.stop_ids()));
+  std::vector<GenerationRequest> reqs = make_requests(plan.params, ids, max_tokens, v.stop_ids());
+  if (grammar)
+    for (GenerationRequest& r : reqs)
+      r.constraint = std::make_shared<ChatJsonConstraint>(
+          plan.conv.options.thinking, json_ids.close, json_ids.transition,
+          std::make_shared<JsonConstraint>(json_vocab, grammar, std::vector<int32_t>{json_ids.suffix.front()}),
+          json_ids.suffix, max_tokens / 4);
+  job->handles = submit_all(eng, std::move(reqs));
   respond(*this, job, v, res, std::move(lk));
 }
 
@@ -568,9 +590,13 @@ void Server::load(const std::string& model_dir, const LoadOptions& lo) {
   try {
     const ModelDir md = open_model_dir(model_dir);
     auto vocab = std::make_unique<ChatVocab>(load_chat_vocab(md));
+    auto json_vocab = std::make_shared<const JsonVocab>(token_byte_table(vocab->tok));
+    const K3ChatJsonIds json_ids = k3_chat_json_ids(vocab->tok);
     {
       std::unique_lock<std::shared_mutex> lk(impl_->mu);
       impl_->vocab = std::move(vocab);
+      impl_->json_vocab = std::move(json_vocab);
+      impl_->json_ids = json_ids;
       if (impl_->model_name.empty()) impl_->model_name = std::filesystem::path(model_dir).lexically_normal().filename().string();
       if (impl_->model_name.empty()) impl_->model_name = std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
     }

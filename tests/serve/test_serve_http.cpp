@@ -14,6 +14,8 @@
 //  - --api-key: 401 without or with a wrong key, except GET /health and GET /;
 //  - a client that disconnects mid-stream cancels its engine request (the slot frees long
 //    before max_tokens); a full queue is 429;
+//  - response_format json_schema / json_object enforced (the content parses and validates),
+//    with thinking on and off; a schema the constraint cannot compile is a 422;
 //  - tool-call and reasoning plumbing with EngineOptions::forced_output (the engine emits a
 //    fixed token sequence): reasoning then content; tool calls with typed arguments; the
 //    missing think close; a string argument whose text spells a closing marker; streamed and
@@ -648,4 +650,49 @@ TEST(ServeHttpForced, StopStringAndLength) {
   EXPECT_EQ(f.finish, "stop");
   f = run_forced("r<|close|>think<|sep|><|open|>response<|sep|>one two three four" + kClose, R"("max_tokens":4)");
   EXPECT_EQ(f.finish, "length");
+}
+
+// response_format enforced by the JSON constraint (infer/chat_json_constraint.h) on the random
+// model: reasoning runs free, then the answer is JSON that validates, streamed and not.
+TEST(ServeHttp, ResponseFormatIsEnforced) {
+  Live live;
+  const std::string schema =
+      R"({"type":"object","properties":{"ok":{"type":"boolean"},"colour":{"enum":["red","green"]},"n":{"type":"integer"}},"required":["ok","colour"],"additionalProperties":false})";
+  for (uint64_t seed = 0; seed < 3; ++seed) {
+    const std::string body = with(kHello, R"("max_tokens":200,"temperature":1.0,"seed":)" + std::to_string(seed) +
+                                              R"(,"response_format":{"type":"json_schema","json_schema":{"name":"a","schema":)" +
+                                              schema + "}}");
+    const Reply r = post(*live.cli, "/v1/chat/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const Json& ch = r.json["choices"][0];
+    EXPECT_EQ(ch["finish_reason"], "stop") << r.body;
+    const Json v = Json::parse(ch["message"]["content"].get<std::string>(), nullptr, false);
+    ASSERT_TRUE(v.is_object()) << r.body;
+    EXPECT_TRUE(v["ok"].is_boolean()) << v.dump();
+    EXPECT_TRUE(v["colour"] == "red" || v["colour"] == "green") << v.dump();
+    for (auto it = v.begin(); it != v.end(); ++it) EXPECT_TRUE(it.key() == "ok" || it.key() == "colour" || it.key() == "n") << v.dump();
+    const Accumulated a = accumulate_chat(post_stream(*live.cli, "/v1/chat/completions", with(body, R"("stream":true)")));
+    EXPECT_EQ(a.messages[0], normalized(ch["message"]));
+    std::printf("json_schema seed %d: reasoning %zu bytes, content %s\n", int(seed),
+                ch["message"]["reasoning_content"].is_string() ? ch["message"]["reasoning_content"].get<std::string>().size() : 0,
+                ch["message"]["content"].get<std::string>().c_str());
+  }
+  // Thinking off: the JSON starts at once.
+  const Reply off = post(*live.cli, "/v1/chat/completions",
+                         with(kHello, R"("max_tokens":120,"reasoning_effort":"none","response_format":{"type":"json_schema","json_schema":{"schema":)" +
+                                          schema + "}}"));
+  ASSERT_EQ(off.status, 200) << off.body;
+  EXPECT_TRUE(Json::parse(off.json["choices"][0]["message"]["content"].get<std::string>(), nullptr, false).is_object()) << off.body;
+  EXPECT_TRUE(off.json["choices"][0]["message"]["reasoning_content"].is_null());
+  // json_object: an object whenever the reply ended within max_tokens.
+  const Reply obj = post(*live.cli, "/v1/chat/completions", with(kHello, R"("max_tokens":300,"seed":1,"response_format":{"type":"json_object"})"));
+  ASSERT_EQ(obj.status, 200) << obj.body;
+  if (obj.json["choices"][0]["finish_reason"] == "stop") {
+    EXPECT_TRUE(Json::parse(obj.json["choices"][0]["message"]["content"].get<std::string>(), nullptr, false).is_object()) << obj.body;
+  }
+  // A schema the constraint cannot compile is refused up front, naming the keyword.
+  const Reply bad = post(*live.cli, "/v1/chat/completions",
+                         with(kHello, R"("response_format":{"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"a+"}}})"));
+  expect_error_shape(bad, 422);
+  EXPECT_NE(bad.json["error"]["message"].get<std::string>().find("pattern"), std::string::npos) << bad.body;
 }
