@@ -459,10 +459,14 @@ static void respond(Server::Impl& srv, std::shared_ptr<Job> job, const ChatVocab
   res.set_chunked_content_provider(
       "text/event-stream",
       [job, vp, sp, held](size_t, httplib::DataSink& sink) {
-        const bool ok = run_job(
-            *job, *vp, *sp,
-            [&sink](const std::string& s) { return sink.is_writable() && sink.write(s.data(), s.size()); },
-            sp->opt.keepalive);
+        auto write = [&sink](const std::string& s) { return sink.is_writable() && sink.write(s.data(), s.size()); };
+        bool ok = false;
+        try {
+          ok = run_job(*job, *vp, *sp, write, sp->opt.keepalive);
+        } catch (const std::exception& e) {  // never let an exception escape into httplib's writer
+          write(sse_event(error_json(500, std::string("internal error: ") + e.what())));
+          ok = false;
+        }
         if (!ok) {
           cancel_all(job->handles);
           std::lock_guard<std::mutex> g(sp->counters_mu);

@@ -696,3 +696,32 @@ TEST(ServeHttp, ResponseFormatIsEnforced) {
   expect_error_shape(bad, 422);
   EXPECT_NE(bad.json["error"]["message"].get<std::string>().find("pattern"), std::string::npos) << bad.body;
 }
+
+// shutdown() (the SIGTERM path): new requests are refused, a stream in flight past the drain
+// deadline is cancelled and still ends properly (a finish, then [DONE]), and run() returns.
+TEST(ServeHttp, ShutdownDrainsInFlightStreams) {
+  k3::EngineOptions eo;
+  eo.ctx = 4000;
+  eo.forced_output.assign(3900, vocab().tok.encode("a", false)[0]);
+  auto live = std::make_unique<Live>(k3::serve::ServerOptions{}, eo);
+  Stream s;
+  std::thread t([&] {
+    auto c = live->client();
+    s = post_stream(*c, "/v1/chat/completions", with(kHello, R"("max_tokens":3600,"stream":true)"));
+  });
+  for (int i = 0; i < 500 && live->server->stats().generation_tokens_total < 5; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(live->server->shutdown(std::chrono::milliseconds(100)), 1);  // one request cancelled
+  t.join();
+  live->thread.join();  // run() returned
+  live->thread = std::thread([] {});
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(secs, 8.0);
+  ASSERT_EQ(s.status, 200);
+  ASSERT_FALSE(s.events.empty());
+  EXPECT_EQ(s.events.back(), "[DONE]");
+  const Accumulated a = accumulate_chat(s);
+  EXPECT_EQ(a.finish[0], "abort");
+  EXPECT_LT(live->server->stats().generation_tokens_total, 3600u);
+}
