@@ -14,6 +14,8 @@ PKGS=(
   libpcre2-dev                # tokenizer pre-tokenizer regex (PCRE2 with JIT)
   nodejs                      # tokenizer oracle: the npm package tiktoken (tools/oracle)
   python3-torch python3-numpy # independent PyTorch implementation in tools/ (tests, benchmarks)
+  libcpp-httplib-dev          # HTTP server of `k3cpp serve` (src/serve)
+  chromium                    # the serve chat page checked in a real (headless) browser (tools/serve_check)
 )
 missing=()
 for p in "${PKGS[@]}"; do
@@ -48,4 +50,24 @@ if [ "$want" = "$have" ]; then
 else
   echo "setup: npm ci in tools/oracle (tiktoken $want)"
   (cd "$ORACLE" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+# The serve checks' npm packages (the openai client, puppeteer-core), pinned by
+# tools/serve_check/package-lock.json; skipped when node_modules already holds both pinned versions.
+CHECK="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tools/serve_check"
+pinned() {  # "<openai version> <puppeteer-core version>" from a lock file or from node_modules
+  node -e '
+    const [dir, lock] = process.argv.slice(1);
+    const v = (p) => { try { return lock === "lock" ? require(dir + "/package-lock.json").packages["node_modules/" + p].version
+                                                  : require(dir + "/node_modules/" + p + "/package.json").version; }
+                       catch (e) { return "none"; } };
+    console.log(v("openai") + " " + v("puppeteer-core"));' "$CHECK" "$1"
+}
+want=$(pinned lock)
+have=$(pinned modules)
+if [ "$want" = "$have" ]; then
+  echo "setup: npm openai + puppeteer-core $have present"
+else
+  echo "setup: npm ci in tools/serve_check (openai + puppeteer-core $want)"
+  (cd "$CHECK" && npm ci --no-audit --no-fund --loglevel=error)
 fi

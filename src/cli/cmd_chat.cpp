@@ -26,6 +26,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "infer/chat_vocab.h"
 #include "infer/sampler.h"
 #include "infer/session.h"
 #include "io/chat_json.h"
@@ -144,25 +145,12 @@ int cmd_chat(const std::vector<std::string>& args) {
   set_num_threads(int(a.get_int("threads", 0)));
 
   const ModelDir md = open_model_dir(dir);
-  const Tiktoken tok = Tiktoken::load(dir);
-  if (tok.vocab_size() > md.config.vocab_size)
-    fail_input(md.config_path, "vocab_size",
-               std::to_string(md.config.vocab_size) + " is smaller than the tokenizer's " +
-                   std::to_string(tok.vocab_size()) + " ids");
-  auto control = [&](const std::string& name) -> std::optional<int32_t> {
-    for (const SpecialToken& s : tok.specials())
-      if (s.name == name) return s.id;
-    return std::nullopt;
-  };
-  const std::optional<int32_t> open_id = control(chat::kOpen), close_id = control(chat::kClose),
-                               sep_id = control(chat::kSep), end_id = control(chat::kEndOfMsg);
-  if (!open_id || !close_id || !sep_id || !end_id)
-    fail_input(dir + "/tokenizer_config.json", "added_tokens_decoder",
-               "lacks the XTML control tokens <|open|>, <|close|>, <|sep|>, <|end_of_msg|>");
-  const std::optional<int32_t> eos_id = control("[EOS]");
-  auto encode = [&](const std::vector<chat::Segment>& segs) {
-    return chat::segments_to_ids(segs, [&](const std::string& t) { return tok.encode(t, false); }, control);
-  };
+  const ChatVocab vocab = load_chat_vocab(md);
+  const Tiktoken& tok = vocab.tok;
+  const int32_t open_id = vocab.markers.open, close_id = vocab.markers.close, sep_id = vocab.markers.sep,
+                end_id = vocab.markers.end_of_msg;
+  const std::optional<int32_t> eos_id = vocab.eos;
+  auto encode = [&](const std::vector<chat::Segment>& segs) { return vocab.encode(segs); };
 
   LoadOptions lo;
   lo.dense_as_stored = true;
@@ -225,7 +213,7 @@ int cmd_chat(const std::vector<std::string>& args) {
       const int32_t id = sampler.sample(logits, session.vocab());
       ++n;
       std::vector<chat::Delta> ds;
-      if (id == *end_id || (eos_id && id == *eos_id)) {
+      if (id == end_id || (eos_id && id == *eos_id)) {
         ds = parser.feed_literal(text.flush());
         for (auto& d : parser.feed_marker(chat::Marker::end_of_msg)) ds.push_back(d);
         printer.show(ds);
@@ -233,9 +221,9 @@ int cmd_chat(const std::vector<std::string>& args) {
         logits = session.step(id);
         break;
       }
-      if (id == *open_id || id == *close_id || id == *sep_id) {
+      if (id == open_id || id == close_id || id == sep_id) {
         ds = parser.feed_literal(text.flush());
-        const chat::Marker m = id == *open_id ? chat::Marker::open : id == *close_id ? chat::Marker::close : chat::Marker::sep;
+        const chat::Marker m = id == open_id ? chat::Marker::open : id == close_id ? chat::Marker::close : chat::Marker::sep;
         for (auto& d : parser.feed_marker(m)) ds.push_back(d);
       } else if (id < tok.vocab_size() && !tok.is_special(id)) {
         ds = parser.feed_literal(text.push(id));
@@ -265,10 +253,10 @@ int cmd_chat(const std::vector<std::string>& args) {
     }
     conv.messages.push_back(std::move(reply));
     if (!ended) {  // stopped early: close the message so the next turn starts cleanly
-      std::vector<int32_t> close = {*close_id};
+      std::vector<int32_t> close = {close_id};
       tok.encode_append("message", false, close);
-      close.push_back(*sep_id);
-      close.push_back(*end_id);
+      close.push_back(sep_id);
+      close.push_back(end_id);
       session.prefill(close);
     }
     conv.options.add_generation_prompt = false;

@@ -15,6 +15,7 @@ int cmd_init(const std::vector<std::string>& args);
 int cmd_forward(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_chat(const std::vector<std::string>& args);
+int cmd_serve(const std::vector<std::string>& args);
 int cmd_train(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args);
@@ -28,6 +29,7 @@ static const Command kCommands[] = {
     {"forward", "float32 logits of every position for given token ids", cmd_forward},
     {"generate", "generate tokens from a prompt (greedy or sampled), streaming", cmd_generate},
     {"chat", "chat in K3's XTML format (reasoning, tools), the session kept between turns", cmd_chat},
+    {"serve", "OpenAI-compatible HTTP server (continuous batching, streaming, tools, a chat page)", cmd_serve},
     {"train", "train a model from a run file (stages, checkpoints, resume)", cmd_train},
     {"eval", "held-out loss, bits/byte and MoE routing balance of a model", cmd_eval},
     {"tokenize", "encode text with a tiktoken vocabulary (K3's tokenizer), print the ids", cmd_tokenize},
