@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include <pthread.h>
 #include <time.h>
 
 #include "core/error.h"
@@ -301,6 +302,9 @@ struct Engine::Impl {
   }
 
   void run() {
+    // Named, so per-thread CPU time tells compute (this thread and the OpenMP team it starts,
+    // which inherits the name) from the HTTP workers (scripts/serve_load.sh).
+    pthread_setname_np(pthread_self(), "k3-engine");
     set_num_threads(threads);  // OpenMP's thread count is per thread: this one computes
     while (true) {
       const Clock::time_point t0 = Clock::now();

@@ -114,6 +114,7 @@ let failedTotal = 0;
 for (const conc of levels) {
   const results = [];
   let next = 0;
+  const cpu0 = srv.threadCpu();
   const t0 = performance.now();
   await Promise.all(
     Array.from({ length: conc }, async () => {
@@ -124,6 +125,9 @@ for (const conc of levels) {
     }),
   );
   const wall = (performance.now() - t0) / 1000;
+  const cpu1 = srv.threadCpu();
+  // The HTTP layer's CPU time against the engine's: how much the server spends outside the model.
+  const httpShare = (cpu1.other - cpu0.other) / Math.max(1e-9, cpu1.engine - cpu0.engine);
   const ok = results.filter((r) => r.ok);
   const failed = results.length - ok.length;
   failedTotal += failed;
@@ -132,7 +136,7 @@ for (const conc of levels) {
   const ttft = ok.map((r) => r.ttft).filter((x) => x !== null);
   const itl = ok.flatMap((r) => r.gaps);
   rows.push({ conc, n: results.length, failed, rps: results.length / wall, tps: tokens / wall,
-              ttft50: pct(ttft, 50), ttft99: pct(ttft, 99), itl50: pct(itl, 50), itl99: pct(itl, 99), rss: srv.rssKiB() });
+              ttft50: pct(ttft, 50), ttft99: pct(ttft, 99), itl50: pct(itl, 50), itl99: pct(itl, 99), rss: srv.rssKiB(), httpShare });
 }
 const rssAfter = srv.rssKiB();
 const metrics = await (await fetch(srv.base + "/metrics")).text();
@@ -140,10 +144,10 @@ const { code } = await srv.stop();
 
 const f = (x, d = 1) => (Number.isFinite(x) ? x.toFixed(d) : "-");
 console.log(`model ${model}; server ${serverArgs.join(" ")}; ${perLevel} streaming requests per level`);
-console.log("| concurrency | requests | failed | requests/s | generated tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | server RSS MiB after |");
-console.log("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+console.log("| concurrency | requests | failed | requests/s | generated tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | server RSS MiB after | HTTP CPU / engine CPU |");
+console.log("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
 for (const r of rows)
-  console.log(`| ${r.conc} | ${r.n} | ${r.failed} | ${f(r.rps, 2)} | ${f(r.tps)} | ${f(r.ttft50)} | ${f(r.ttft99)} | ${f(r.itl50, 2)} | ${f(r.itl99, 2)} | ${f(r.rss / 1024)} |`);
+  console.log(`| ${r.conc} | ${r.n} | ${r.failed} | ${f(r.rps, 2)} | ${f(r.tps)} | ${f(r.ttft50)} | ${f(r.ttft99)} | ${f(r.itl50, 2)} | ${f(r.itl99, 2)} | ${f(r.rss / 1024)} | ${f(100 * r.httpShare, 2)} % |`);
 const hits = Number((metrics.match(/\nk3_prefix_cache_hits_total (\d+)/) || [])[1]);
 const misses = Number((metrics.match(/\nk3_prefix_cache_misses_total (\d+)/) || [])[1]);
 const gauge = (name) => Number((metrics.match(new RegExp("\n" + name + " (\\d+)")) || [])[1]);

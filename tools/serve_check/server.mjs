@@ -2,7 +2,7 @@
 // "listening on http://HOST:PORT" line, waits for GET /health to answer 200, and stops it with
 // SIGTERM (resolving to the exit code). Shared by the checks in this folder.
 import { spawn } from "node:child_process";
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 
 export async function startServer(k3cpp, model, extra = [], { quiet = true } = {}) {
   const proc = spawn(k3cpp, ["serve", model, "--port", "0", ...extra], { stdio: ["ignore", "pipe", "pipe"] });
@@ -33,6 +33,26 @@ export async function startServer(k3cpp, model, extra = [], { quiet = true } = {
     port,
     base,
     stderr: () => stderr,
+    // CPU seconds of the server's threads so far, split by thread name: "k3-engine" is the
+    // engine's scheduler and its OpenMP team (the model's compute), everything else the HTTP
+    // workers, the main thread and loading (/proc/PID/task/TID/stat: utime + stime, in ticks of 100 Hz).
+    threadCpu() {
+      const out = { engine: 0, other: 0 };
+      for (const tid of readdirSync(`/proc/${proc.pid}/task`)) {
+        let stat;
+        try {
+          stat = readFileSync(`/proc/${proc.pid}/task/${tid}/stat`, "utf8");
+        } catch {
+          continue;  // the thread ended
+        }
+        const name = stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")"));
+        const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+        const s = (Number(f[11]) + Number(f[12])) / 100;  // fields 14, 15 of stat(5)
+        if (name === "k3-engine") out.engine += s;
+        else out.other += s;
+      }
+      return out;
+    },
     rssKiB() {
       const m = readFileSync(`/proc/${proc.pid}/status`, "utf8").match(/VmRSS:\s+(\d+) kB/);
       return m ? Number(m[1]) : -1;
