@@ -41,7 +41,8 @@ Vocabulary::Vocabulary(const ByteTokenizer& t, std::string source) : bytes_(t), 
     ranks.add(std::string_view(&c, 1));
   }
   std::vector<SpecialToken> specials(t.specials().size());
-  for (const auto& [name, id] : t.specials()) specials[size_t(id - 256)] = {id, name, true};  // ids are 256.. (load checks)
+  // ByteTokenizer's special ids are 256, 257, ... (its loader checks), as Tiktoken's must be.
+  for (const auto& [name, id] : t.specials()) specials[size_t(id - 256)] = {id, name, true};
   tik_ = std::make_shared<const Tiktoken>(std::move(ranks), std::move(specials), PatternKind::kimi);
   bos_ = t.bos(), eos_ = t.eos();
   fill_token_bytes();
@@ -51,9 +52,10 @@ Vocabulary Vocabulary::from_tiktoken(std::string model_text, std::string config_
   const std::string model_path = (fs::path(source) / "tiktoken.model").string();
   const std::string config_path = (fs::path(source) / "tokenizer_config.json").string();
   BpeRanks ranks = parse_tiktoken_model(model_text, model_path);
-  if (!ranks.has_all_bytes()) fail_input(model_path, "", "does not hold all 256 single bytes (k3cpp needs them to encode any text)");
-  std::vector<SpecialToken> specials =
-      config_text.empty() ? read_special_tokens("", ranks.size()) : parse_special_tokens(config_text, config_path, ranks.size());
+  if (!ranks.has_all_bytes())
+    fail_input(model_path, "", "does not hold all 256 single bytes (k3cpp needs them to encode any text)");
+  std::vector<SpecialToken> specials = config_text.empty() ? read_special_tokens("", ranks.size())
+                                                           : parse_special_tokens(config_text, config_path, ranks.size());
   Vocabulary v;
   v.bytes_.reset();
   v.tik_ = std::make_shared<const Tiktoken>(std::move(ranks), std::move(specials), PatternKind::kimi);
@@ -76,15 +78,19 @@ Vocabulary Vocabulary::from_tiktoken(std::string model_text, std::string config_
 
 Vocabulary Vocabulary::load_tiktoken_dir(const std::string& dir) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) fail_input(dir, "", "no such tokenizer directory (it holds tiktoken.model and tokenizer_config.json)");
+  if (!fs::is_directory(dir, ec))
+    fail_input(dir, "", "no such tokenizer directory (it holds tiktoken.model and tokenizer_config.json)");
   const std::string model = (fs::path(dir) / "tiktoken.model").string();
   const std::string config = (fs::path(dir) / "tokenizer_config.json").string();
-  if (!is_file(model)) fail_input(model, "", "missing (a tiktoken vocabulary directory holds tiktoken.model and tokenizer_config.json)");
+  if (!is_file(model))
+    fail_input(model, "", "missing (a tiktoken vocabulary directory holds tiktoken.model and tokenizer_config.json)");
   return from_tiktoken(read_all(model), is_file(config) ? read_all(config) : std::string(), dir);
 }
 
 bool Vocabulary::dir_has_tiktoken(const std::string& dir) { return is_file((fs::path(dir) / "tiktoken.model").string()); }
-bool Vocabulary::dir_has_byte_tokenizer(const std::string& dir) { return is_file((fs::path(dir) / "tokenizer.json").string()); }
+bool Vocabulary::dir_has_byte_tokenizer(const std::string& dir) {
+  return is_file((fs::path(dir) / "tokenizer.json").string());
+}
 
 Vocabulary Vocabulary::load_dir(const std::string& dir) {
   if (dir_has_tiktoken(dir)) return load_tiktoken_dir(dir);
@@ -99,7 +105,9 @@ void Vocabulary::fill_token_bytes() {
 }
 
 std::string Vocabulary::describe() const {
-  if (bytes_) return "byte tokenizer" + (source_.empty() ? std::string() : " " + source_) + " (" + std::to_string(vocab_size()) + " ids)";
+  if (bytes_)
+    return "byte tokenizer" + (source_.empty() ? std::string() : " " + source_) + " (" + std::to_string(vocab_size()) +
+           " ids)";
   return "tiktoken vocabulary " + source_ + " (" + std::to_string(vocab_size()) + " ids: " +
          std::to_string(tik_->base_size()) + " base + " + std::to_string(tik_->specials().size()) + " special)";
 }

@@ -256,7 +256,6 @@ void Trainer::Impl::setup() {
 // so the run trains with exactly what it saved. The model config must hold every id.
 void Trainer::Impl::resolve_vocabulary(const Corpus& corpus, const K3Config& cfg) {
   const TokenizerConfig& tc = run.tokenizer;
-  const std::string too_small = " is below the vocabulary's ";
   if (tc.kind == "bytes") {
     vocab = Vocabulary();
   } else if (tc.kind == "tiktoken") {
@@ -288,15 +287,16 @@ void Trainer::Impl::resolve_vocabulary(const Corpus& corpus, const K3Config& cfg
     const std::string dir = (fs::path(opt.out_dir) / "tokenizer").string();
     write_tokenizer_dir(dir, r.ranks);
     vocab = Vocabulary::load_tiktoken_dir(dir);
+    const std::string early =
+        r.exhausted ? ", stopped early: no pair left occurring " + std::to_string(tc.min_frequency) + "+ times" : "";
     progress.message("train: vocabulary of " + std::to_string(vocab.vocab_size()) + " ids (" + std::to_string(r.merges) +
-                     " merges" + (r.exhausted ? ", stopped early: no pair left occurring " + std::to_string(tc.min_frequency) + "+ times" : std::string()) +
-                     ") learnt from the " + std::to_string(docs.train.size()) + " training documents -> " + dir + " [" +
-                     fmt("%.2f", seconds_since(t0)) + " s]");
+                     " merges" + early + ") learnt from the " + std::to_string(docs.train.size()) +
+                     " training documents -> " + dir + " [" + fmt("%.2f", seconds_since(t0)) + " s]");
   }
   if (vocab.vocab_size() > cfg.vocab_size)
     fail_input(run.model_config, "vocab_size",
-               std::to_string(cfg.vocab_size) + too_small + std::to_string(vocab.vocab_size()) + " ids (" +
-                   vocab.describe() + ")");
+               std::to_string(cfg.vocab_size) + " is below the vocabulary's " + std::to_string(vocab.vocab_size()) +
+                   " ids (" + vocab.describe() + ")");
 }
 
 // --resume: every check that can refuse runs before anything is written.

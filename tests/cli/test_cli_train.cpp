@@ -181,6 +181,20 @@ TEST(CliTrain, BadInvocationsNameTheCulprit) {
   r = k3cpp("train --config " + tiny_run() + " --out " + q(t.sub("x")) + " --resume");
   EXPECT_NE(r.rc, 0);
   EXPECT_TRUE(has(r.err, "no checkpoint to resume")) << r.err;
+  // The vocabulary: a missing tiktoken directory, a model config too small for the one asked for.
+  auto run = nlohmann::json::parse(slurp(std::string(K3_SOURCE_DIR) + "/configs/train-tiny.json"));
+  run["model"] = std::string(K3_SOURCE_DIR) + "/configs/train-tiny-model.json";
+  run["tokenizer"] = {{"kind", "tiktoken"}, {"dir", "no-such-vocab"}};
+  std::ofstream(t.sub("r1.json")) << run.dump();
+  r = k3cpp("train --config " + q(t.sub("r1.json")) + " --out " + q(t.sub("x1")));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(has(r.err, t.sub("no-such-vocab"))) << r.err;
+  run["tokenizer"] = {{"kind", "train"}, {"vocab_size", 4096}};
+  std::ofstream(t.sub("r2.json")) << run.dump();
+  r = k3cpp("train --config " + q(t.sub("r2.json")) + " --out " + q(t.sub("x2")));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(has(r.err, "train-tiny-model.json: vocab_size: 1024") && has(r.err, "tokenizer.vocab_size")) << r.err;
+  EXPECT_FALSE(fs::exists(t.sub("x2/tokenizer")));
   r = k3cpp("train --help");
   EXPECT_EQ(r.rc, 0);
   EXPECT_TRUE(has(r.out, "--resume")) << r.out;
