@@ -45,7 +45,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "io/config.h"
-#include "io/tokenizer.h"
+#include "io/vocabulary.h"
 #include "machine_peak.h"
 #include "model/checkpoint.h"
 #include "model/init.h"
@@ -137,7 +137,7 @@ void BM_TorchStep(benchmark::State& st) {
   InitOptions io;
   io.seed = run.init_seed >= 0 ? uint64_t(run.init_seed) : run.seed;  // the Trainer's init
   save_checkpoint((dir / "init").string(), init_weights(cfg, io));
-  const ByteTokenizer tok;
+  const Vocabulary tok;  // the torch comparison reads byte tokens
   const CorpusSplit data = split_and_tokenize(load_corpus(run.data), tok, run.heldout_every);
   const std::string tokens = (dir / "train.i32").string();
   {

@@ -1,7 +1,8 @@
 // `k3cpp eval <model dir> [--data SPEC] [--heldout-every N] [--seq-len N] [--max-tokens N]
 //              [--batch-tokens N] [--threads N] [--json out.json]
 //              [--moving-qb [--mqb-lambda L] [--mqb-chunk C]]`
-// Held-out loss, bits per byte and the routing statistics of every MoE layer of a trained
+// Held-out loss, bits per byte (nats / ln 2 / the bytes the targets decode to, so comparable
+// across vocabularies; the model directory's tiktoken vocabulary, else its byte tokenizer) and the routing statistics of every MoE layer of a trained
 // model (train/routing_eval.h): MaxVio over the whole held-out set, experts that received no
 // token, within-sequence MaxVio, dropped slots (counted; 0 without a capacity limit) and the
 // overflow a capacity-limited MoE would have had per batch, each beside its random-routing
@@ -20,6 +21,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "io/atomic_file.h"
+#include "io/vocabulary.h"
 #include "model/checkpoint.h"
 #include "train/data.h"
 #include "train/routing_eval.h"
@@ -135,16 +137,22 @@ int cmd_eval(const std::vector<std::string>& args) {
   if (!(mqb.lambda > 0 && mqb.lambda < 1)) fail("--mqb-lambda: expected a number in (0, 1), got " + std::to_string(mqb.lambda));
   const bool moving = a.flag("moving-qb");
 
-  const ByteTokenizer tok = md.tokenizer_path.empty() ? ByteTokenizer() : load_model_tokenizer(md);
+  // The model's vocabulary (tiktoken.model, else tokenizer.json; none: the byte tokenizer).
+  const Vocabulary tok = Vocabulary::dir_has_tiktoken(dir) || Vocabulary::dir_has_byte_tokenizer(dir)
+                             ? Vocabulary::load_dir(dir)
+                             : Vocabulary();
   if (md.config.vocab_size < tok.vocab_size())
     fail_input(md.config_path, "vocab_size",
-               std::to_string(md.config.vocab_size) + " is below the tokenizer's " + std::to_string(tok.vocab_size()));
+               std::to_string(md.config.vocab_size) + " is below the " + tok.describe() + "'s " +
+                   std::to_string(tok.vocab_size()) + " ids");
+  std::fprintf(stderr, "eval: tokenizer: %s\n", tok.describe().c_str());
   const CorpusSplit split = split_and_tokenize(load_corpus(data), tok, every);
   LoadOptions lo;
   lo.dense_as_stored = true;  // bf16 dense weights read as stored
   const K3Model model = load_model(md, lo);
   announce_machine("eval");
-  const HeldoutEval r = evaluate_heldout(model, split.heldout, T, max_tokens, batch, moving ? &mqb : nullptr);
+  const HeldoutEval r = evaluate_heldout(model, split.heldout, T, max_tokens, batch, moving ? &mqb : nullptr,
+                                         &tok.token_bytes());
   const int64_t k = md.config.num_experts_per_token, E = md.config.num_experts;
 
   std::printf("held-out: %s, every %lld-th document (%lld documents, %zu tokens)%s\n", data.c_str(), (long long)every,

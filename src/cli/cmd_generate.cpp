@@ -1,11 +1,13 @@
 // `k3cpp generate <model dir> (--ids 1,2,3 | --prompt TEXT) [--max-tokens N] [--temperature T]
 //                  [--top-k K] [--top-p P] [--seed S] [--stop ID,...] [--ids-out] [--threads N]`
 // Prefills the prompt (infer/session.h), then samples (infer/sampler.h) and decodes one token
-// at a time, streaming each token to stdout as it is produced: decoded text with the model's
-// byte tokenizer, or ids (space-separated) with --ids-out. Generation ends at a stop token
-// (not printed; default: the tokenizer's <|eos|> when the model has a tokenizer) or after
-// --max-tokens. Prefill and decode speeds go to stderr. Text needs the k3cpp byte tokenizer
-// (tokenizer.json beside the checkpoint); any other tokenizer is refused with its type named.
+// at a time, streaming to stdout as tokens are produced: text through io/stream_decoder.h (a
+// character split across tokens is printed once complete, never as partial UTF-8), or ids
+// (space-separated) with --ids-out. The model directory's vocabulary (io/vocabulary.h) encodes
+// --prompt and decodes: tiktoken.model (+ tokenizer_config.json) when present, else the k3cpp
+// byte tokenizer (tokenizer.json); a line on stderr says which. Generation ends at a stop token
+// (not printed; default: the vocabulary's EOS, [EOS] or <|eos|>) or after --max-tokens. Prefill
+// and decode speeds go to stderr.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,6 +20,8 @@
 #include "core/threads.h"
 #include "infer/sampler.h"
 #include "infer/session.h"
+#include "io/stream_decoder.h"
+#include "io/vocabulary.h"
 #include "model/checkpoint.h"
 
 namespace k3::cli {
@@ -33,18 +37,21 @@ const char* kUsage =
     "                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop ID,...]\n"
     "                      [--ids-out] [--threads N]\n"
     "  --ids          prompt as comma-separated token ids\n"
-    "  --prompt       prompt as text (byte tokenizer of models trained by k3cpp)\n"
+    "  --prompt       prompt as text (the model dir's tiktoken.model, else its byte tokenizer.json)\n"
     "  --max-tokens   tokens to generate (default 64)\n"
     "  --temperature  0 (default) is greedy; > 0 samples\n"
     "  --top-k        keep the K most likely tokens (0: all)\n"
     "  --top-p        keep the smallest set with probability >= P (1: all)\n"
     "  --seed         sampling seed (default 0)\n"
-    "  --stop         stop token ids (default: the tokenizer's <|eos|>, if any)\n"
+    "  --stop         stop token ids (default: the tokenizer's EOS, if any)\n"
     "  --ids-out      print token ids instead of text\n";
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// Text may hold NUL bytes: written by length.
+void print(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
 
 }  // namespace
 
@@ -74,15 +81,26 @@ int cmd_generate(const std::vector<std::string>& args) {
 
   // Config, tokenizer and prompt are checked before any weight is read.
   const ModelDir md = open_model_dir(dir);
-  std::optional<ByteTokenizer> tok;
-  if (prompt || !ids_out) tok = load_model_tokenizer(md);
+  std::optional<Vocabulary> tok;
+  if (prompt || !ids_out) {
+    if (!Vocabulary::dir_has_tiktoken(dir) && !Vocabulary::dir_has_byte_tokenizer(dir))
+      fail_input(dir, "tiktoken.model",
+                 "missing, and no tokenizer.json either: text needs the model's vocabulary (use --ids, and --ids-out "
+                 "for output)");
+    tok = Vocabulary::load_dir(dir);
+    if (tok->vocab_size() > md.config.vocab_size)
+      fail_input(md.config_path, "vocab_size",
+                 std::to_string(md.config.vocab_size) + " is smaller than the " + tok->describe() + "'s " +
+                     std::to_string(tok->vocab_size()) + " ids");
+    std::fprintf(stderr, "generate: tokenizer: %s\n", tok->describe().c_str());
+  }
   const std::vector<int32_t> ids = ids_arg ? parse_ids(*ids_arg, "--ids") : tok->encode(*prompt);
   if (ids.empty()) fail("--prompt: the prompt is empty");
   check_ids_in_vocab(ids, md, ids_arg ? "--ids" : "--prompt");
   std::vector<int32_t> stop;
   if (auto s = a.get("stop")) {
     stop = parse_ids(*s, "--stop");
-  } else if (tok && tok->specials().count("<|eos|>")) {
+  } else if (tok) {
     stop = {tok->eos()};
   }
 
@@ -101,6 +119,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   t0 = std::chrono::steady_clock::now();
   int64_t produced = 0;
   const char* reason = "max tokens";
+  std::optional<StreamDecoder> text;
+  if (!ids_out) text.emplace(tok->decoder());
   while (produced < max_tokens) {
     const int32_t next = sampler.sample(logits, V);
     if (std::find(stop.begin(), stop.end(), next) != stop.end()) {
@@ -108,12 +128,13 @@ int cmd_generate(const std::vector<std::string>& args) {
       break;
     }
     if (ids_out) std::printf(produced ? " %d" : "%d", next);
-    else std::fputs(tok->decode_one(next).c_str(), stdout);
+    else print(text->push(next));
     std::fflush(stdout);
     if (++produced == max_tokens) break;
     logits = session.step(next);
   }
   const double decode_s = seconds_since(t0);
+  if (text) print(text->flush());  // an incomplete last character: U+FFFD
   if (ids_out || produced) std::fputc('\n', stdout);
   std::fflush(stdout);
   std::fprintf(stderr, "generate: prefill %zu tokens in %.3f s (%.1f tok/s); decode %lld tokens in %.3f s (%.1f tok/s); stopped: %s\n",

@@ -36,13 +36,20 @@ struct HeapEntry {
 }  // namespace
 
 BpeTrainResult train_bpe(std::string_view raw, const BpeTrainOptions& opt) {
+  return train_bpe(std::vector<std::string_view>{raw}, opt);
+}
+
+BpeTrainResult train_bpe(const std::vector<std::string_view>& documents, const BpeTrainOptions& opt) {
   if (opt.base_vocab < 256) fail("tokenizer train: the base vocabulary must hold at least the 256 byte tokens, got " +
                                  std::to_string(opt.base_vocab));
   BpeTrainResult res;
   const auto t0 = Clock::now();
-  const std::string text = utf8::sanitize(raw);
 
-  // 1. Count the distinct pieces.
+  // 1. Count the distinct pieces (views into the sanitised documents, kept until the words
+  // are built).
+  std::vector<std::string> texts;
+  texts.reserve(documents.size());
+  for (std::string_view d : documents) texts.push_back(utf8::sanitize(d));
   std::unordered_map<std::string_view, int64_t> piece_count;
   Pretokenizer pretok(opt.pattern);
   auto count_part = [&](std::string_view part) {
@@ -51,10 +58,12 @@ BpeTrainResult train_bpe(std::string_view raw, const BpeTrainOptions& opt) {
       ++res.pieces;
     });
   };
-  if (opt.pattern == PatternKind::kimi) {
-    for (auto [b, e] : split_long_text(text)) count_part(std::string_view(text).substr(b, e - b));
-  } else {
-    count_part(text);
+  for (const std::string& text : texts) {
+    if (opt.pattern == PatternKind::kimi) {
+      for (auto [b, e] : split_long_text(text)) count_part(std::string_view(text).substr(b, e - b));
+    } else {
+      count_part(text);
+    }
   }
   res.unique_pieces = int64_t(piece_count.size());
 
@@ -69,6 +78,8 @@ BpeTrainResult train_bpe(std::string_view raw, const BpeTrainOptions& opt) {
     words.push_back(std::move(w));
   }
   piece_count.clear();
+  texts.clear();
+  texts.shrink_to_fit();
   res.pretokenize_seconds = since(t0);
 
   // 2. Pair counts and the pair -> words index.

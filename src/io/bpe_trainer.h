@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "io/bpe_ranks.h"
 #include "io/pretokenizer.h"
@@ -38,6 +39,9 @@ struct BpeTrainResult {
 };
 
 BpeTrainResult train_bpe(std::string_view corpus, const BpeTrainOptions& options);
+// Several documents, each pre-tokenized on its own (as Tiktoken encodes each document on its
+// own: the long-input rule restarts, no piece spans two documents).
+BpeTrainResult train_bpe(const std::vector<std::string_view>& documents, const BpeTrainOptions& options);
 
 // Writes DIR/tiktoken.model and DIR/tokenizer_config.json (K3's special layout after the
 // base vocabulary), each atomically; creates DIR.

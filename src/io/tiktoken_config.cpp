@@ -1,6 +1,7 @@
 #include "io/tiktoken_config.h"
 
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -36,13 +37,19 @@ const Named kK3Named[] = {
 }  // namespace
 
 std::vector<SpecialToken> read_special_tokens(const std::string& path, int32_t base) {
-  std::vector<SpecialToken> out = reserved(base);
-  if (path.empty()) return out;
-  std::ifstream f(path);
+  if (path.empty()) return reserved(base);
+  std::ifstream f(path, std::ios::binary);
   if (!f) fail_system("cannot open the tokenizer config", path);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  if (f.bad()) fail_system("cannot read the tokenizer config", path);
+  return parse_special_tokens(text, path, base);
+}
+
+std::vector<SpecialToken> parse_special_tokens(const std::string& text, const std::string& path, int32_t base) {
+  std::vector<SpecialToken> out = reserved(base);
   json j;
   try {
-    j = json::parse(f);
+    j = json::parse(text);
   } catch (const json::parse_error& e) {
     fail_input(path, "json", std::string("not valid JSON: ") + e.what());
   }

@@ -23,6 +23,8 @@ struct SpecialToken {
 // malformed entry, an id inside the base vocabulary, an id past the reserved range, or a
 // name used twice.
 std::vector<SpecialToken> read_special_tokens(const std::string& path, int32_t base_size);
+// The same from the file's contents; `path` only names it in errors.
+std::vector<SpecialToken> parse_special_tokens(const std::string& text, const std::string& path, int32_t base_size);
 
 // K3's layout: [BOS] base, [EOS] base+1, <|end_of_msg|> base+2, <|open|>, <|close|>,
 // <|sep|>, <|media_begin|> base+18 .. <|media_pad|> base+21, [UNK] base+254, [PAD] base+255;

@@ -80,48 +80,66 @@ Corpus load_corpus(const std::string& spec) {
   return c;
 }
 
-CorpusSplit split_and_tokenize(const Corpus& c, const ByteTokenizer& tok, int64_t heldout_every) {
+DocumentSplit split_documents(const Corpus& c, int64_t heldout_every, bool utf8_cut) {
   K3_ASSERT(heldout_every >= 2);
+  DocumentSplit s;
+  if (c.documents.size() == 1) {
+    const std::string_view t = c.documents[0];
+    size_t cut = t.size() - t.size() / size_t(heldout_every);
+    if (utf8_cut)
+      while (cut > 0 && cut < t.size() && (static_cast<unsigned char>(t[cut]) & 0xC0) == 0x80) --cut;
+    s.train.push_back(t.substr(0, cut));
+    s.heldout.push_back(t.substr(cut));
+    return s;
+  }
+  for (size_t d = 0; d < c.documents.size(); ++d)
+    (int64_t(d) % heldout_every == heldout_every / 2 ? s.heldout : s.train).push_back(c.documents[d]);
+  return s;
+}
+
+CorpusSplit split_and_tokenize(const Corpus& c, const Vocabulary& vocab, int64_t heldout_every) {
+  const DocumentSplit docs = split_documents(c, heldout_every, !vocab.is_bytes());
   CorpusSplit s;
-  const int32_t bos = tok.bos(), eos = tok.eos();
-  const bool single = c.documents.size() == 1;
-  for (size_t d = 0; d < c.documents.size(); ++d) {
-    const bool held = !single && int64_t(d) % heldout_every == heldout_every / 2;
-    if (single) {
-      // One document: the held-out part is its last 1/heldout_every of bytes.
-      const std::string& t = c.documents[0];
-      const size_t cut = t.size() - t.size() / size_t(heldout_every);
-      for (int pass = 0; pass < 2; ++pass) {
-        auto& out = pass == 0 ? s.train : s.heldout;
-        out.push_back(bos);
-        for (size_t i = pass == 0 ? 0 : cut; i < (pass == 0 ? cut : t.size()); ++i) out.push_back(uint8_t(t[i]));
-        out.push_back(eos);
-      }
-      s.train_docs = s.heldout_docs = 1;
-      break;
+  const int32_t bos = vocab.bos(), eos = vocab.eos();
+  for (int pass = 0; pass < 2; ++pass) {
+    const auto& in = pass == 0 ? docs.train : docs.heldout;
+    auto& out = pass == 0 ? s.train : s.heldout;
+    (pass == 0 ? s.train_docs : s.heldout_docs) = int64_t(in.size());
+    for (const std::vector<int32_t>& ids : vocab.encode_batch(in)) {
+      out.push_back(bos);
+      out.insert(out.end(), ids.begin(), ids.end());
+      out.push_back(eos);
     }
-    auto& out = held ? s.heldout : s.train;
-    (held ? s.heldout_docs : s.train_docs)++;
-    out.push_back(bos);
-    for (auto ids = tok.encode(c.documents[d]); int32_t id : ids) out.push_back(id);
-    out.push_back(eos);
   }
   if (s.heldout.empty()) fail("corpus '" + c.source + "': too few documents for a held-out split");
   return s;
 }
 
-double unigram_bits_per_byte(const CorpusSplit& s, int64_t vocab) {
-  std::vector<double> cnt(static_cast<size_t>(vocab), 1.0);  // add-one smoothing
-  double total = double(vocab);
-  for (int32_t t : s.train) { cnt[t] += 1; total += 1; }
-  double bits = 0;
-  int64_t n = 0;
-  for (int32_t t : s.heldout) {
-    if (t >= 256) continue;  // bytes only
-    bits -= std::log2(cnt[t] / total);
-    ++n;
+double unigram_bits_per_byte(const CorpusSplit& s, const Vocabulary& vocab) {
+  // Byte histograms of each side: token counts, then each token's bytes.
+  auto byte_counts = [&](const std::vector<int32_t>& stream) {
+    std::vector<int64_t> ids(size_t(vocab.vocab_size()), 0);
+    for (int32_t t : stream) ids[size_t(t)]++;
+    std::vector<double> bytes(256, 0.0);
+    for (size_t id = 0; id < ids.size(); ++id)
+      if (ids[id] && vocab.token_bytes()[id] > 0)
+        for (unsigned char b : vocab.decoder().token_bytes(int32_t(id))) bytes[b] += double(ids[id]);
+    return bytes;
+  };
+  const std::vector<double> train = byte_counts(s.train), held = byte_counts(s.heldout);
+  double total = 256, n = 0, bits = 0;
+  for (double c : train) total += c;
+  for (int b = 0; b < 256; ++b) {
+    bits -= held[size_t(b)] * std::log2((train[size_t(b)] + 1.0) / total);  // add-one smoothing
+    n += held[size_t(b)];
   }
-  return n ? bits / double(n) : 0.0;
+  return n > 0 ? bits / n : 0.0;
+}
+
+int64_t target_bytes(const int32_t* ids, int64_t n, const std::vector<int32_t>& token_bytes) {
+  int64_t b = 0;
+  for (int64_t t = 1; t <= n; ++t) b += token_bytes[size_t(ids[t])];
+  return b;
 }
 
 SequenceStream::SequenceStream(const std::vector<int32_t>* tokens, int64_t seq_len, uint64_t seed)

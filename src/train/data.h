@@ -1,15 +1,18 @@
 // Training data: a corpus of documents (the King James Bible from Debian's bible-kjv by
 // default, or any text file or directory), split into train and held-out documents, turned
-// into byte tokens with <|bos|>/<|eos|> around each document, and packed into fixed-length
-// sequences. The stream is deterministic given the seed, and its position is a pair of
-// integers (epoch, cursor), saved in training checkpoints so a resumed run continues on
-// exactly the same sequences.
+// into tokens of the run's vocabulary (io/vocabulary.h: a trained tiktoken vocabulary or the
+// byte tokenizer) with BOS/EOS around each document, and packed into fixed-length sequences.
+// The stream is deterministic given the seed, and its position is a pair of integers
+// (epoch, cursor), saved in training checkpoints so a resumed run continues on exactly the
+// same sequences.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "io/tokenizer.h"
+#include <string_view>
+
+#include "io/vocabulary.h"
 
 namespace k3 {
 
@@ -24,16 +27,32 @@ struct Corpus {
 // each). k3::Error names the path on failure.
 Corpus load_corpus(const std::string& spec);
 
+// The documents of each side of the split (views into `c`). Every `heldout_every`-th
+// document (offset by half the period) is held out; a corpus of one document holds out its
+// last 1/heldout_every of bytes (with utf8_cut, moved back to a character boundary so that
+// neither side starts or ends inside a UTF-8 character).
+struct DocumentSplit {
+  std::vector<std::string_view> train, heldout;
+};
+DocumentSplit split_documents(const Corpus& c, int64_t heldout_every, bool utf8_cut);
+
 struct CorpusSplit {
   std::vector<int32_t> train, heldout;  // token streams: bos doc eos bos doc eos ...
   int64_t train_docs = 0, heldout_docs = 0;
 };
-// Every `heldout_every`-th document (offset by half the period) goes to held-out.
-CorpusSplit split_and_tokenize(const Corpus& c, const ByteTokenizer& tok, int64_t heldout_every);
+// split_documents (utf8_cut for a tiktoken vocabulary; the byte tokenizer keeps the byte
+// cut it always had), then each document encoded on its own between BOS and EOS.
+CorpusSplit split_and_tokenize(const Corpus& c, const Vocabulary& vocab, int64_t heldout_every);
 
 // Unigram entropy of the held-out bytes under the train set's byte frequencies (add-one
-// smoothing), in bits per byte: the baseline a learning model must beat.
-double unigram_bits_per_byte(const CorpusSplit& s, int64_t vocab);
+// smoothing over the 256 byte values), in bits per byte: the baseline a learning model must
+// beat. Both streams are counted as the bytes their tokens decode to (special ids: none), so
+// the figure is the corpus's, the same whatever the vocabulary.
+double unigram_bits_per_byte(const CorpusSplit& s, const Vocabulary& vocab);
+
+// Bytes that the targets ids[1..n] decode to (special ids count 0): the denominator of
+// held-out bits per byte, comparable across vocabularies.
+int64_t target_bytes(const int32_t* ids, int64_t n, const std::vector<int32_t>& token_bytes);
 
 // Packs a token stream into sequences of seq_len + 1 tokens (input and shifted target), in a
 // seeded shuffled order of start offsets per epoch. Sequence s of an epoch starts at

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "train/balancer.h"
+#include "train/data.h"
 
 namespace k3 {
 
@@ -156,7 +157,8 @@ RandomRoutingBaseline random_routing_baseline(int64_t total_tokens, int64_t seq_
 }
 
 HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& heldout, int64_t seq_len,
-                             int64_t max_tokens, int64_t batch_tokens, const MovingQBOptions* moving) {
+                             int64_t max_tokens, int64_t batch_tokens, const MovingQBOptions* moving,
+                             const std::vector<int32_t>* token_bytes) {
   const int64_t T = seq_len;
   if (T < 1) fail("evaluate: seq_len must be positive, got " + std::to_string(T));
   const int64_t avail = (int64_t(heldout.size()) - 1) / T;
@@ -167,6 +169,12 @@ HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& h
   const ModelDims& dims = model.dims();
   const int64_t first_moe = std::min(dims.first_moe, dims.L), n_moe = dims.L - first_moe;
   const int64_t E = model.config().num_experts, k = model.config().num_experts_per_token, V = dims.V;
+  std::vector<int32_t> byte_ids;  // the byte tokenizer's: ids < 256 are one byte each
+  if (!token_bytes) {
+    byte_ids.assign(size_t(std::max<int64_t>(V, 256)), 0);
+    std::fill(byte_ids.begin(), byte_ids.begin() + 256, 1);
+    token_bytes = &byte_ids;
+  }
 
   // Per window: loss, byte targets, per MoE layer loads (int32: at most T per expert) and
   // valid slots. Reduced in window order below.
@@ -191,7 +199,6 @@ HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& h
       es.logits.resize(size_t(T * V));
       model.forward(es.logits.data(), ids, T, es.ds, es.fs, {}, &es.rec);
       double sum = 0;
-      int64_t nb = 0;
       for (int64_t t = 0; t < T; ++t) {
         // Cross-entropy of target ids[t + 1]: log sum exp(row) - row[target], in double.
         const float* row = es.logits.data() + t * V;
@@ -201,10 +208,10 @@ HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& h
         const int32_t target = ids[t + 1];
         K3_ASSERT(target >= 0 && target < V, "held-out token outside the vocabulary");
         sum += std::log(z) + double(mx) - double(row[target]);
-        nb += target < 256;
+        K3_ASSERT(size_t(target) < token_bytes->size(), "held-out token outside the vocabulary's byte table");
       }
       nats[size_t(w)] = sum;
-      bytes[size_t(w)] = nb;
+      bytes[size_t(w)] = target_bytes(ids, T, *token_bytes);
       std::vector<int64_t>& l64 = es.loads;
       l64.resize(size_t(E));
       for (int64_t l = 0; l < n_moe; ++l) {

@@ -58,7 +58,7 @@ struct HeldoutEval {
   // loss is the static routing's).
   std::vector<LayerRoutingStats> moving;
   double loss = 0;  // mean cross-entropy per target (nats)
-  double bpb = 0;   // bits per byte: total cross-entropy in bits / byte targets (ids < 256)
+  double bpb = 0;   // bits per byte: total cross-entropy in bits / bytes the targets decode to
   int64_t targets = 0, bytes = 0;
   std::vector<LayerRoutingStats> layers;  // one per MoE layer, in layer order
   RandomRoutingBaseline random;
@@ -82,8 +82,10 @@ RandomRoutingBaseline random_routing_baseline(int64_t total_tokens, int64_t seq_
 // the overflow figure (rounded down to whole windows, at least one). Threads: num_threads().
 // k3::Error when the stream is shorter than one window.
 // moving (optional): also the Moving QB figures (HeldoutEval::moving).
+// token_bytes: bytes per id (Vocabulary::token_bytes(), special ids 0), the bits-per-byte
+// denominator; null: the byte tokenizer's (ids < 256 one byte, the rest none).
 HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& heldout, int64_t seq_len,
                              int64_t max_tokens = 0, int64_t batch_tokens = 4096,
-                             const MovingQBOptions* moving = nullptr);
+                             const MovingQBOptions* moving = nullptr, const std::vector<int32_t>* token_bytes = nullptr);
 
 }  // namespace k3

@@ -96,6 +96,37 @@ RunConfig parse_run_config(const std::string& text, const std::string& path) {
       r.samples.push_back(s.get<std::string>());
     }
   }
+  rd.known.insert("tokenizer");
+  if (j.contains("tokenizer")) {
+    const json& tj = j["tokenizer"];
+    TokenizerConfig& t = r.tokenizer;
+    if (tj.is_string()) {
+      t.kind = tj.get<std::string>();
+      if (t.kind == "tiktoken") fail_input(path, "tokenizer", "\"tiktoken\" needs a directory: {\"kind\": \"tiktoken\", \"dir\": DIR}");
+    } else if (tj.is_object()) {
+      Reader tr{tj, path, "tokenizer.", {}};
+      tr.get("kind", t.kind);
+      tr.get("dir", t.dir);
+      tr.get("vocab_size", t.vocab_size);
+      tr.get("min_frequency", t.min_frequency);
+      tr.known.insert("comment");
+      tr.check_unknown();
+      if (t.kind == "tiktoken" && t.dir.empty()) fail_input(path, "tokenizer.dir", "missing (the vocabulary directory)");
+      if (t.kind != "tiktoken" && !t.dir.empty()) fail_input(path, "tokenizer.dir", "only for \"kind\": \"tiktoken\"");
+      if (t.kind != "train" && (tj.contains("vocab_size") || tj.contains("min_frequency")))
+        fail_input(path, tj.contains("vocab_size") ? "tokenizer.vocab_size" : "tokenizer.min_frequency",
+                   "only for \"kind\": \"train\"");
+    } else {
+      fail_input(path, "tokenizer", "expected \"train\", \"bytes\" or an object {\"kind\": ...}");
+    }
+    if (t.kind != "train" && t.kind != "tiktoken" && t.kind != "bytes")
+      fail_input(path, tj.is_string() ? "tokenizer" : "tokenizer.kind",
+                 "must be 'train', 'tiktoken' or 'bytes', got '" + t.kind + "'");
+    if (t.vocab_size != 0 && (t.vocab_size < 512 || t.vocab_size > (int64_t(1) << 30)))
+      fail_input(path, "tokenizer.vocab_size",
+                 std::to_string(t.vocab_size) + " is out of range (at least 512: 256 byte tokens and K3's 256 special ids; 0: the model config's vocab_size)");
+    if (t.min_frequency < 1) fail_input(path, "tokenizer.min_frequency", "must be at least 1");
+  }
   rd.known.insert("stages");
   rd.known.insert("comment");
   rd.check_unknown();
@@ -104,6 +135,8 @@ RunConfig parse_run_config(const std::string& text, const std::string& path) {
   if (r.model_config.empty()) fail_input(path, "model", "missing (path of the model's config.json)");
   if (fs::path(r.model_config).is_relative()) r.model_config = (base / r.model_config).lexically_normal().string();
   if (r.data != "bible" && fs::path(r.data).is_relative()) r.data = (base / r.data).lexically_normal().string();
+  if (!r.tokenizer.dir.empty() && fs::path(r.tokenizer.dir).is_relative())
+    r.tokenizer.dir = (base / r.tokenizer.dir).lexically_normal().string();
 
   if (!j.contains("stages") || !j["stages"].is_array() || j["stages"].empty())
     fail_input(path, "stages", "missing or empty (a list of {seq_len, tokens, lr_peak, ...})");
@@ -172,6 +205,13 @@ std::string run_config_to_json(const RunConfig& r) {
   j["model"] = r.model_config;
   j["data"] = r.data;
   j["heldout_every"] = r.heldout_every;
+  if (r.tokenizer.kind == "bytes") {
+    j["tokenizer"] = "bytes";
+  } else if (r.tokenizer.kind == "tiktoken") {
+    j["tokenizer"] = {{"kind", "tiktoken"}, {"dir", r.tokenizer.dir}};
+  } else {
+    j["tokenizer"] = {{"kind", "train"}, {"vocab_size", r.tokenizer.vocab_size}, {"min_frequency", r.tokenizer.min_frequency}};
+  }
   j["batch_tokens"] = r.batch_tokens;
   j["micro_batch_tokens"] = r.micro_batch_tokens;
   j["optimizer"] = r.optimizer;

@@ -21,11 +21,28 @@ struct StageConfig {
   double decay_frac = 0.0;
 };
 
+// The vocabulary the run trains with (the run file's "tokenizer"):
+//   "train" or {"kind": "train", "vocab_size": N, "min_frequency": F} (default): a BPE
+//     vocabulary (io/bpe_trainer.h, Kimi pattern, K3's special layout) learnt from the
+//     training split only (never the held-out documents) when the run starts, saved as
+//     OUT/tokenizer/{tiktoken.model, tokenizer_config.json} and in every checkpoint; a resumed
+//     run uses the checkpoint's. vocab_size counts every id as the model config's does
+//     (N - 256 base tokens + 256 special ids); 0 (default): the model config's vocab_size.
+//   {"kind": "tiktoken", "dir": DIR}: an existing vocabulary directory in K3's format.
+//   "bytes" or {"kind": "bytes"}: the byte tokenizer (io/tokenizer.h, 260 ids).
+struct TokenizerConfig {
+  std::string kind = "train";  // train | tiktoken | bytes
+  std::string dir;             // tiktoken: resolved path
+  int64_t vocab_size = 0;      // train: 0 = the model config's vocab_size
+  int64_t min_frequency = 2;   // train: stop merging when the best pair is rarer
+};
+
 struct RunConfig {
   std::string path;          // the run file
   std::string model_config;  // resolved path of the K3 config.json
   std::string data = "bible";
   int64_t heldout_every = 40;   // every n-th document is held out
+  TokenizerConfig tokenizer;
   int64_t batch_tokens = 4096;  // tokens per optimizer step (all micro-batches)
   int64_t micro_batch_tokens = 2048;  // tokens per micro-batch (a multiple of every stage's seq_len)
   std::vector<StageConfig> stages;

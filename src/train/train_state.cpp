@@ -113,6 +113,11 @@ std::string run_fingerprint(const RunConfig& r) {
   for (const char* k : {"model", "data", "eval_every", "eval_tokens", "checkpoint_every", "log_every", "threads",
                         "samples", "sample_tokens", "sample_temperature"})
     j.erase(k);
+  // The byte tokenizer is left out (runs before the "tokenizer" field trained with it, so
+  // their checkpoints keep resuming); a tiktoken directory's path is no training setting (its
+  // content is: the tokenised corpus hash and the checkpoint's copy of the vocabulary).
+  if (j.contains("tokenizer") && j["tokenizer"].is_string() && j["tokenizer"] == "bytes") j.erase("tokenizer");
+  if (j.contains("tokenizer") && j["tokenizer"].is_object()) j["tokenizer"].erase("dir");
   return j.dump();
 }
 

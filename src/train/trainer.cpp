@@ -17,6 +17,8 @@
 #include "core/simd_target.h"
 #include "core/threads.h"
 #include "io/atomic_file.h"
+#include "io/bpe_trainer.h"
+#include "io/tiktoken_config.h"
 #include "model/checkpoint.h"
 #include "model/init.h"
 #include "train/balancer.h"
@@ -97,7 +99,7 @@ void for_each_sequence(int64_t n, int P, bool par, F&& body) {
 struct Trainer::Impl {
   RunConfig run;
   TrainOptions opt;
-  ByteTokenizer tok;
+  Vocabulary vocab;
   CorpusSplit data;
   double unigram_bpb = 0;
   std::string run_fp, model_json, corpus_hash;
@@ -138,6 +140,7 @@ struct Trainer::Impl {
       : run(r), opt(o), progress(o.log ? o.log : stderr, o.log && ::isatty(::fileno(o.log)), o.quiet || !o.log) {}
 
   void setup();
+  void resolve_vocabulary(const Corpus& corpus, const K3Config& cfg);
   void load_checkpoint(const K3Config& cfg);
   StepStats train_step();
   void begin();
@@ -165,14 +168,15 @@ void Trainer::Impl::setup() {
   if (opt.resume && !exists) fail_input(ckpt_dir, "", "no checkpoint to resume (run without --resume to start)");
 
   const K3Config cfg = load_config(run.model_config);
-  if (cfg.vocab_size < tok.vocab_size())
-    fail_input(run.model_config, "vocab_size",
-               std::to_string(cfg.vocab_size) + " is below the byte tokenizer's " + std::to_string(tok.vocab_size()) +
-                   " (256 bytes + special tokens)");
   progress.message("train: " + machine_summary());  // the log's first line: CPU and SIMD target
   progress.message("train: loading corpus '" + run.data + "'");
-  data = split_and_tokenize(load_corpus(run.data), tok, run.heldout_every);
-  unigram_bpb = unigram_bits_per_byte(data, tok.vocab_size());
+  const Corpus corpus = load_corpus(run.data);
+  resolve_vocabulary(corpus, cfg);
+  const auto t_tok = Clock::now();
+  data = split_and_tokenize(corpus, vocab, run.heldout_every);
+  progress.message("train: tokenised " + std::to_string(data.train_docs + data.heldout_docs) + " documents with the " +
+                   vocab.describe() + " [" + fmt("%.2f", seconds_since(t_tok)) + " s]");
+  unigram_bpb = unigram_bits_per_byte(data, vocab);
   corpus_hash = content_hash_i32(data.train, data.heldout);
   run_fp = run_fingerprint(run);
   model_json = model_record(cfg);
@@ -246,6 +250,55 @@ void Trainer::Impl::setup() {
   loss_opt.aux_alpha = run.balancer == "aux" ? run.aux_alpha : 0.0;
 }
 
+// The run's vocabulary (RunConfig::tokenizer): the byte tokenizer, a given tiktoken
+// directory, or (train) the checkpoint's on --resume, else one learnt now from the training
+// documents only and saved as OUT/tokenizer (each file atomically), then read back from there
+// so the run trains with exactly what it saved. The model config must hold every id.
+void Trainer::Impl::resolve_vocabulary(const Corpus& corpus, const K3Config& cfg) {
+  const TokenizerConfig& tc = run.tokenizer;
+  if (tc.kind == "bytes") {
+    vocab = Vocabulary();
+  } else if (tc.kind == "tiktoken") {
+    vocab = Vocabulary::load_tiktoken_dir(tc.dir);
+  } else if (opt.resume) {
+    if (!Vocabulary::dir_has_tiktoken(ckpt_dir))
+      fail_input((fs::path(ckpt_dir) / "tiktoken.model").string(), "",
+                 "missing: the run file's tokenizer is a trained vocabulary but the checkpoint has none (was it trained "
+                 "with \"tokenizer\": \"bytes\"?)");
+    vocab = Vocabulary::load_tiktoken_dir(ckpt_dir);
+  } else {
+    const int64_t n = tc.vocab_size > 0 ? tc.vocab_size : cfg.vocab_size;
+    if (n > cfg.vocab_size)
+      fail_input(run.model_config, "vocab_size",
+                 std::to_string(cfg.vocab_size) + " is below the " + std::to_string(n) +
+                     " ids of the vocabulary the run file trains (tokenizer.vocab_size in " + run.path + ")");
+    if (n < 256 + kReservedSpecialIds)
+      fail_input(run.model_config, "vocab_size",
+                 std::to_string(cfg.vocab_size) + " leaves no room for a trained vocabulary (at least " +
+                     std::to_string(256 + kReservedSpecialIds) +
+                     " ids: 256 byte tokens and K3's 256 special ids); raise it, or set \"tokenizer\": \"bytes\" in " +
+                     run.path);
+    const auto t0 = Clock::now();
+    BpeTrainOptions bo;
+    bo.base_vocab = int32_t(n - kReservedSpecialIds);
+    bo.min_frequency = tc.min_frequency;
+    const DocumentSplit docs = split_documents(corpus, run.heldout_every, true);
+    const BpeTrainResult r = train_bpe(docs.train, bo);  // the held-out documents are never seen
+    const std::string dir = (fs::path(opt.out_dir) / "tokenizer").string();
+    write_tokenizer_dir(dir, r.ranks);
+    vocab = Vocabulary::load_tiktoken_dir(dir);
+    const std::string early =
+        r.exhausted ? ", stopped early: no pair left occurring " + std::to_string(tc.min_frequency) + "+ times" : "";
+    progress.message("train: vocabulary of " + std::to_string(vocab.vocab_size()) + " ids (" + std::to_string(r.merges) +
+                     " merges" + early + ") learnt from the " + std::to_string(docs.train.size()) +
+                     " training documents -> " + dir + " [" + fmt("%.2f", seconds_since(t0)) + " s]");
+  }
+  if (vocab.vocab_size() > cfg.vocab_size)
+    fail_input(run.model_config, "vocab_size",
+               std::to_string(cfg.vocab_size) + " is below the vocabulary's " + std::to_string(vocab.vocab_size()) +
+                   " ids (" + vocab.describe() + ")");
+}
+
 // --resume: every check that can refuse runs before anything is written.
 void Trainer::Impl::load_checkpoint(const K3Config& cfg) {
   const std::string tsp = (fs::path(ckpt_dir) / "train_state.safetensors").string();
@@ -264,8 +317,13 @@ void Trainer::Impl::load_checkpoint(const K3Config& cfg) {
     fail_input(tsp, "", "does not match the run file " + run.path + ": " + diff + "; the checkpoint was left as it is");
   if (model_record(md.config) != st.model_json)
     fail_input(md.config_path, "", "differs from the model config recorded in train_state.safetensors (replaced or corrupted checkpoint)");
-  if (load_model_tokenizer(md).to_json() != tok.to_json())
-    fail_input(md.tokenizer_path, "special_tokens", "differ from the byte tokenizer this run trains with");
+  {
+    const Vocabulary saved = Vocabulary::load_dir(ckpt_dir);
+    if (saved.identity() != vocab.identity())
+      fail_input(ckpt_dir, saved.is_bytes() ? "tokenizer.json" : "tiktoken.model",
+                 "the checkpoint's " + saved.describe() + " differs from the " + vocab.describe() +
+                     " this run trains with");
+  }
   if (st.stages.size() != run.stages.size() || st.stage > int64_t(run.stages.size()) ||
       (st.stage < int64_t(run.stages.size()) && st.stage_step > steps_of[size_t(st.stage)]))
     fail_input(tsp, "stage", "the saved stage position does not fit the run's stages");
@@ -402,7 +460,6 @@ EvalResult Trainer::Impl::evaluate(int64_t T, int64_t max_tokens) {
     es.logits.resize(size_t(T * V));
     model->forward(es.logits.data(), ids, T, es.ds, es.fs, {}, &es.rec);
     double sum = 0;
-    int64_t nb = 0;
     for (int64_t t = 0; t < T; ++t) {
       const float* row = es.logits.data() + t * V;
       float mx = row[0];
@@ -411,10 +468,9 @@ EvalResult Trainer::Impl::evaluate(int64_t T, int64_t max_tokens) {
       for (int64_t v = 0; v < V; ++v) z += std::exp(double(row[v] - mx));
       const int32_t target = ids[t + 1];
       sum += std::log(z) + double(mx) - double(row[target]);
-      nb += target < 256;
     }
     nats[size_t(w)] = sum;
-    bytes[size_t(w)] = nb;
+    bytes[size_t(w)] = target_bytes(ids, T, vocab.token_bytes());
     for (int64_t l = 0; l < n_moe; ++l)
       count_loads(loads[size_t(tid)].data() + l * E, es.rec.layers[size_t(first_moe + l)].routing.idx.data(), T, topk, E);
   });
@@ -493,8 +549,8 @@ void Trainer::Impl::save() {
   st.weights_hash = content_hash(model->weights().data(), size_t(model->weights().size()) * sizeof(float));
   optim->get_state(opt_state);
   SaveOptions so;
-  so.tokenizer_json = tok.to_json();
   so.before_commit = [&](const std::string& tmp) {
+    vocab.save(tmp);  // the checkpoint is a model directory: tokenizer beside config and weights
     save_train_state((fs::path(tmp) / "train_state.safetensors").string(), st, opt_state);
     write_text_file_atomic((fs::path(tmp) / "run.json").string(), run_config_to_json(run));
   };
@@ -591,7 +647,7 @@ TrainResult Trainer::run() {
 }
 
 const K3Model& Trainer::model() const { return *impl_->model; }
-const ByteTokenizer& Trainer::tokenizer() const { return impl_->tok; }
+const Vocabulary& Trainer::tokenizer() const { return impl_->vocab; }
 const RunConfig& Trainer::run_config() const { return impl_->run; }
 EvalResult Trainer::evaluate(int64_t seq_len, int64_t max_tokens) { return impl_->evaluate(seq_len, max_tokens); }
 int64_t Trainer::stage_steps(size_t stage) const { return impl_->steps_of.at(stage); }

@@ -21,10 +21,17 @@
 // dt_bias or other 1-D parameters. The router bias (e_score_correction_bias) is no optimiser
 // parameter: the balancer owns it.
 //
-// Output directory: DIR/metrics.jsonl (train/metrics.h) and DIR/checkpoint, one directory
-// replaced atomically as a whole: the model in the released layout (f32), config.json,
-// tokenizer.json, run.json (the run file as parsed) and train_state.safetensors
-// (train/train_state.h). It is written every checkpoint_every steps, when --steps stops the
+// Vocabulary (run_config.h TokenizerConfig): by default a BPE vocabulary learnt from the
+// training documents when a run starts (DIR/tokenizer), else a given tiktoken directory or
+// the byte tokenizer. Held-out bits per byte = total nats / (ln 2 x the bytes the target
+// tokens decode to, special ids counting 0), so runs with different vocabularies compare.
+//
+// Output directory: DIR/metrics.jsonl (train/metrics.h), DIR/tokenizer (a trained
+// vocabulary) and DIR/checkpoint, one directory replaced atomically as a whole: the model in
+// the released layout (f32), config.json, the vocabulary (tiktoken.model +
+// tokenizer_config.json, or tokenizer.json for the byte tokenizer), run.json (the run file as
+// parsed) and train_state.safetensors (train/train_state.h): a model directory that
+// `k3cpp generate`, `eval` and (tiktoken) `chat` load. It is written every checkpoint_every steps, when --steps stops the
 // run and at the end; the finished checkpoint is the trained model.
 #pragma once
 #include <cstdint>
@@ -33,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "io/tokenizer.h"
+#include "io/vocabulary.h"
 #include "model/k3_model.h"
 #include "train/optimizer.h"
 #include "train/run_config.h"
@@ -54,7 +61,7 @@ struct TrainOptions {
 // held-out stream (the same windows every time for a given seq_len).
 struct EvalResult {
   double loss = 0;          // mean cross-entropy per target (nats)
-  double bpb = 0;           // bits per byte: total cross-entropy in bits / byte targets
+  double bpb = 0;           // bits per byte: total cross-entropy in bits / bytes the targets decode to
   int64_t targets = 0, bytes = 0;
   std::vector<double> maxvio;  // per MoE layer, over the whole evaluation
 };
@@ -95,7 +102,7 @@ class Trainer {
   StepStats step();
 
   const K3Model& model() const;
-  const ByteTokenizer& tokenizer() const;
+  const Vocabulary& tokenizer() const;  // the run's vocabulary (RunConfig::tokenizer)
   const RunConfig& run_config() const;
   EvalResult evaluate(int64_t seq_len, int64_t max_tokens);  // held-out; max_tokens 0: all
   int64_t stage_steps(size_t stage) const;

@@ -5,7 +5,10 @@
 //    the same bytes; a non-empty directory is refused without --force;
 //  - forward writes T * V float32 logits equal to the library's forward of the same checkpoint;
 //  - generate --ids with greedy decoding prints the tokens the library's session produces;
-//    --prompt encodes with the byte tokenizer and prints text; stop tokens end generation;
+//    --prompt encodes with the byte tokenizer (tokenizer.json) and prints text; stop tokens end
+//    generation; with tiktoken.model in the directory, --prompt is encoded with it and the
+//    output is streamed as whole UTF-8 characters (equal to the full decode of the ids), and a
+//    vocabulary larger than the config or a corrupt tiktoken.model is refused, named;
 //  - bad inputs (missing directory, missing config.json, ids outside the vocabulary,
 //    unsupported tokenizer, bad options) fail with a non-zero exit and the culprit named.
 #include <gtest/gtest.h>
@@ -19,11 +22,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "infer/session.h"
 #include "io/atomic_file.h"
+#include "io/bpe_trainer.h"
+#include "io/utf8.h"
+#include "io/vocabulary.h"
 #include "model/checkpoint.h"
 
 namespace fs = std::filesystem;
@@ -162,10 +169,12 @@ TEST(CliModel, InitMxfp4ForwardGenerateText) {
   // --prompt: byte-encoded, output decoded; the default stop token is <|eos|> (257).
   const std::vector<int32_t> prompt = {104, 105};  // "hi"
   const std::vector<int32_t> want = library_greedy(dir, prompt, 10, 257);
-  const ByteTokenizer tok = load_model_tokenizer(open_model_dir(dir));
+  const Vocabulary tok = Vocabulary::load_dir(dir);
+  ASSERT_TRUE(tok.is_bytes());
   r = k3cpp("generate " + q(dir) + " --prompt hi --max-tokens 10");
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_EQ(r.out, tok.decode(want) + (want.empty() ? "" : "\n"));
+  EXPECT_EQ(r.out, tok.decoder().decode(want) + (want.empty() ? "" : "\n"));  // streamed: complete characters
+  EXPECT_TRUE(has(r.err, "generate: tokenizer: byte tokenizer")) << r.err;
   r = k3cpp("generate " + q(dir) + " --prompt hi --max-tokens 10 --ids-out");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.out, join_ids(want, " ") + "\n");
@@ -175,6 +184,54 @@ TEST(CliModel, InitMxfp4ForwardGenerateText) {
   EXPECT_NE(r.rc, 0);
   EXPECT_TRUE(has(r.err, "w2.weight") && has(r.err, "multiple of 32")) << r.err;
   EXPECT_FALSE(fs::exists(t.sub("bad")));
+}
+
+// A model directory with tiktoken.model: --prompt is encoded with it (it wins over the
+// tokenizer.json that init wrote), and the output goes through the streaming decoder: with a
+// vocabulary of single bytes and an untrained model sampling at temperature 1, many tokens
+// are lone UTF-8 lead or continuation bytes, yet stdout is valid UTF-8 and equals the full
+// decode of the same ids.
+TEST(CliModel, GeneratePromptUsesTheDirsTiktokenAndStreamsWholeCharacters) {
+  TempDir t;
+  K3Config c = load_config(write_mx_config(t.path));  // 4 layers
+  c.vocab_size = 512;
+  const std::string cfg = t.sub("cfg.json"), dir = t.sub("m");
+  write_text_file_atomic(cfg, config_to_hf_json(c));
+  ASSERT_EQ(k3cpp("init " + q(cfg) + " " + q(dir) + " --seed 5").rc, 0);
+  BpeRanks bytes;
+  for (int b = 0; b < 256; ++b) {
+    const char ch = char(b);
+    bytes.add(std::string_view(&ch, 1));
+  }
+  write_tokenizer_dir(dir, bytes);
+  const Vocabulary v = Vocabulary::load_dir(dir);
+  ASSERT_FALSE(v.is_bytes());
+  const std::string gen = "generate " + q(dir) + " --prompt 'h\xc3\xa9llo \xe4\xb8\xad' --max-tokens 40 --temperature 1 --seed 3";
+  const RunResult ids = k3cpp(gen + " --ids-out"), text = k3cpp(gen);
+  ASSERT_EQ(ids.rc, 0) << ids.err;
+  ASSERT_EQ(text.rc, 0) << text.err;
+  EXPECT_TRUE(has(text.err, "generate: tokenizer: tiktoken vocabulary")) << text.err;
+  EXPECT_TRUE(has(text.err, "prefill 10 tokens")) << text.err;  // h é l l o ' ' 中: 10 byte tokens
+  std::vector<int32_t> got;
+  std::istringstream in(ids.out);
+  for (int32_t id; in >> id;) got.push_back(id);
+  ASSERT_FALSE(got.empty());
+  int high = 0;
+  for (int32_t id : got) high += id >= 0x80 && id < 0x100;
+  EXPECT_GT(high, 0) << "no non-ASCII byte sampled: the test does not exercise the decoder";
+  EXPECT_EQ(text.out, v.decoder().decode(got) + "\n");
+  EXPECT_EQ(utf8::sanitize(text.out), text.out) << "partial UTF-8 printed";
+
+  // Bad vocabularies name the file and field: one id more than the config holds, a corrupt line.
+  bytes.add("ab");
+  write_tokenizer_dir(dir, bytes);
+  RunResult r = k3cpp("generate " + q(dir) + " --prompt hi");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(has(r.err, dir + "/config.json: vocab_size: 512") && has(r.err, "513")) << r.err;
+  write_text_file_atomic(dir + "/tiktoken.model", "AA== 0\n@@@ 1\n");
+  r = k3cpp("generate " + q(dir) + " --prompt hi");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(has(r.err, dir + "/tiktoken.model") && has(r.err, "line 2")) << r.err;
 }
 
 TEST(CliModel, BadInputsFailWithTheCulpritNamed) {

@@ -59,3 +59,37 @@ TEST(RunConfig, TrainerFields) {
                 .find("router_lr_scale"),
             std::string::npos);
 }
+
+// The "tokenizer" field: a trained vocabulary by default, "bytes", or a tiktoken directory
+// (resolved against the run file's directory); bad forms are refused naming the field.
+TEST(RunConfig, TokenizerField) {
+  const std::string st = R"("stages": [{"seq_len": 64, "tokens": 100}])";
+  RunConfig r = parse_run_config(R"({"model": "m.json", )" + st + "}", "/x/run.json");
+  EXPECT_EQ(r.tokenizer.kind, "train");
+  EXPECT_EQ(r.tokenizer.vocab_size, 0);  // the model config's
+  r = parse_run_config(R"({"model": "m.json", "tokenizer": "bytes", )" + st + "}", "/x/run.json");
+  EXPECT_EQ(r.tokenizer.kind, "bytes");
+  r = parse_run_config(R"({"model": "m.json", "tokenizer": {"kind": "tiktoken", "dir": "vocab"}, )" + st + "}",
+                       "/x/runs/run.json");
+  EXPECT_EQ(r.tokenizer.kind, "tiktoken");
+  EXPECT_EQ(r.tokenizer.dir, "/x/runs/vocab");
+  r = parse_run_config(R"({"model": "m.json", "tokenizer": {"kind": "train", "vocab_size": 1024, "min_frequency": 3}, )" +
+                           st + "}",
+                       "/x/run.json");
+  EXPECT_EQ(r.tokenizer.vocab_size, 1024);
+  EXPECT_EQ(r.tokenizer.min_frequency, 3);
+  const RunConfig back = parse_run_config(run_config_to_json(r), "/x/run.json");
+  EXPECT_EQ(back.tokenizer.kind, "train");
+  EXPECT_EQ(back.tokenizer.vocab_size, 1024);
+  EXPECT_EQ(back.tokenizer.min_frequency, 3);
+
+  auto err = [&](const std::string& tok) { return expect_error(R"({"model": "m.json", "tokenizer": )" + tok + ", " + st + "}"); };
+  EXPECT_NE(err(R"("words")").find("/tmp/run.json: tokenizer: must be"), std::string::npos) << err(R"("words")");
+  EXPECT_NE(err(R"("tiktoken")").find("tokenizer: \"tiktoken\" needs a directory"), std::string::npos);
+  EXPECT_NE(err(R"({"kind": "tiktoken"})").find("tokenizer.dir: missing"), std::string::npos);
+  EXPECT_NE(err(R"({"kind": "train", "vocab_size": 300})").find("tokenizer.vocab_size: 300 is out of range"), std::string::npos);
+  EXPECT_NE(err(R"({"kind": "bytes", "vocab_size": 1024})").find("tokenizer.vocab_size: only for"), std::string::npos);
+  EXPECT_NE(err(R"({"kind": "train", "size": 1024})").find("tokenizer.size: unknown field"), std::string::npos);
+  EXPECT_NE(err(R"({"kind": "train", "min_frequency": 0})").find("tokenizer.min_frequency"), std::string::npos);
+  EXPECT_NE(err("7").find("tokenizer: expected"), std::string::npos);
+}

@@ -226,7 +226,7 @@ TEST(TrainerEval, MatchesEvalLossSumAndCountsBytes) {
   EXPECT_EQ(r.targets, 7 * 32);
   EXPECT_EQ(r.maxvio.size(), 3u);
   // The same windows through model_grad's loss.
-  ByteTokenizer tok;
+  Vocabulary tok;
   const Corpus c = load_corpus(t.sub("corpus.txt"));
   const CorpusSplit sp = split_and_tokenize(c, tok, 40);
   auto s = make_train_scratch();

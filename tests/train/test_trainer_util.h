@@ -1,6 +1,7 @@
 // Shared fixtures of the trainer tests: a temporary directory holding a synthetic corpus (no
 // dependency on the `bible` program), a 4-layer K3-shaped model config (3 KDA + 1 MLA, Block
-// AttnRes, 8 experts top-2, latent d/2, vocabulary 260 for the byte tokenizer) and run files.
+// AttnRes, 8 experts top-2, latent d/2, vocabulary 260 for the byte tokenizer or larger for a
+// trained one) and run files.
 #pragma once
 #include <stdlib.h>
 
@@ -60,9 +61,11 @@ inline std::string synthetic_corpus() {
   return out;
 }
 
-inline std::string tiny_model_json() {
+// vocab: the config's vocab_size (260: the byte tokenizer's ids; a trained vocabulary needs
+// at least 512).
+inline std::string tiny_model_json(int64_t vocab = 260) {
   return R"({"model_type": "kimi_k3", "text_config": {
-    "hidden_size": 32, "num_hidden_layers": 4, "vocab_size": 260, "rms_norm_eps": 1e-05,
+    "hidden_size": 32, "num_hidden_layers": 4, "vocab_size": )" + std::to_string(vocab) + R"(, "rms_norm_eps": 1e-05,
     "tie_word_embeddings": false,
     "linear_attn_config": {"num_heads": 2, "head_dim": 16, "short_conv_kernel_size": 4, "gate_lower_bound": -5.0,
                            "full_attn_layers": [4], "kda_layers": [1, 2, 3]},
@@ -74,10 +77,11 @@ inline std::string tiny_model_json() {
     "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0, "max_position_embeddings": 4096}})";
 }
 
-// Two stages (seq_len 32: 6 steps, 64: 4 steps) of 256-token steps (2 micro-batches), QB.
+// Two stages (seq_len 32: 6 steps, 64: 4 steps) of 256-token steps (2 micro-batches), QB,
+// the byte tokenizer (erase "tokenizer" for the default, a vocabulary trained by the run).
 inline nlohmann::json tiny_run() {
   return nlohmann::json::parse(R"({
-    "model": "model.json", "data": "corpus.txt", "heldout_every": 40,
+    "model": "model.json", "data": "corpus.txt", "tokenizer": "bytes", "heldout_every": 40,
     "batch_tokens": 256, "micro_batch_tokens": 128,
     "stages": [
       {"name": "s1", "seq_len": 32, "tokens": 1536, "lr_peak": 0.01, "lr_end": 0.01, "warmup_steps": 2},
@@ -87,10 +91,12 @@ inline nlohmann::json tiny_run() {
     "seed": 7, "threads": 2, "samples": [], "sample_tokens": 0})");
 }
 
-// Writes corpus.txt, model.json and run.json (from `run`) into dir; returns the run path.
-inline std::string write_run_files(const std::string& dir, const nlohmann::json& run, const std::string& name = "run.json") {
+// Writes corpus.txt (unless present), model.json (vocab_size `vocab`) and run.json (from
+// `run`) into dir; returns the run path.
+inline std::string write_run_files(const std::string& dir, const nlohmann::json& run, const std::string& name = "run.json",
+                                   int64_t vocab = 260) {
   if (!std::filesystem::exists(dir + "/corpus.txt")) write_text(dir + "/corpus.txt", synthetic_corpus());
-  write_text(dir + "/model.json", tiny_model_json());
+  write_text(dir + "/model.json", tiny_model_json(vocab));
   write_text(dir + "/" + name, run.dump(2));
   return dir + "/" + name;
 }
