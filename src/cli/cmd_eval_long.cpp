@@ -16,8 +16,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "io/atomic_file.h"
-#include "io/tiktoken.h"
-#include "io/tokenizer.h"
+#include "io/vocabulary.h"
 #include "model/checkpoint.h"
 #include "train/data.h"
 #include "train/long_eval.h"
@@ -127,19 +126,9 @@ int cmd_eval_long(const std::vector<std::string>& args) {
 
   const ModelDir md = open_model_dir(dir);
   // The model's own vocabulary: the K3 tokenizer when the directory has one, else bytes.
-  TextEncoder enc;
-  std::string vocab;
-  std::unique_ptr<Tiktoken> tik;
-  std::unique_ptr<ByteTokenizer> bytes;
-  if (std::filesystem::exists(std::filesystem::path(dir) / "tiktoken.model")) {
-    tik = std::make_unique<Tiktoken>(Tiktoken::load(dir));
-    enc = [&](const std::string& s) { return tik->encode(s, false); };
-    vocab = "tiktoken (" + std::to_string(tik->vocab_size()) + " ids)";
-  } else {
-    bytes = std::make_unique<ByteTokenizer>();
-    enc = [&](const std::string& s) { return bytes->encode(s); };
-    vocab = "bytes";
-  }
+  const Vocabulary voc = Vocabulary::load_dir(dir);
+  const TextEncoder enc = [&](const std::string& s) { return voc.encode(s); };
+  const std::string vocab = voc.describe();
   LoadOptions lo;
   lo.dense_as_stored = true;
   const K3Model model = load_model(md, lo);
