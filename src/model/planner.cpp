@@ -141,7 +141,7 @@ StreamProjection project_streaming(const K3Config& c, uint64_t budget, double bw
   p.prefill_tokens = prefill_tokens;
   const double distinct =
       p.E > 0 ? double(p.E) * (1 - std::pow(1 - double(p.top_k) / double(p.E), double(prefill_tokens))) : 0;
-  p.prefill_bytes_per_chunk = double(p.moe_layers) * distinct * eb * miss;
+  p.prefill_bytes_per_chunk = double(p.moe_layers) * distinct * eb;  // a cold cache
   p.all_streamed_bytes_per_token = double(p.trunk_bytes) + double(p.moe_layers * p.top_k) * eb;
   if (bw > 0) {
     p.decode_s_per_token = p.decode_bytes_per_token / bw;

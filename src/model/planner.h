@@ -101,9 +101,9 @@ Placement place(const K3Config& c, WeightStorage s, int64_t gpus, double gpu_mem
 //  hit rate      = cache_slots / experts_total  (flat routing: every expert equally likely,
 //                  which Quantile Balancing makes close to true; any policy's steady state)
 //  decode bytes  = moe_layers x top_k x expert_bytes x (1 - hit rate)      per token
-//  prefill bytes = moe_layers x E (1 - (1 - top_k/E)^T) x expert_bytes x (1 - hit rate) per
-//                  chunk of T tokens (each distinct expert read once per chunk; a batched
-//                  decode of B sequences is a chunk of B)
+//  prefill bytes = moe_layers x E (1 - (1 - top_k/E)^T) x expert_bytes per chunk of T tokens
+//                  (each distinct expert read once per chunk, the cache cold as at the start
+//                  of a prompt; a batched decode of B sequences is a chunk of B)
 //  seconds       >= bytes / disk bandwidth (the bound; compute and the trunk's memory reads
 //                  come on top)
 // and, for a budget the trunk does not fit, what streaming the trunk too would read (trunk
