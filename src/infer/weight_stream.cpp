@@ -319,11 +319,15 @@ void ExpertStreamer::abort_locked(std::unique_lock<std::mutex>& lk) {
   ready_.clear();
   handed_.clear();
   in_call_ = false;
+  cv_call_.notify_all();
 }
 
 void ExpertStreamer::prefetch(int64_t layer, const int32_t* experts, int64_t n) {
   std::unique_lock<std::mutex> lk(mu_);
-  if (in_call_) abort_locked(lk);  // an earlier call ended in an error
+  const std::thread::id me = std::this_thread::get_id();
+  if (in_call_ && owner_ == me) abort_locked(lk);  // this thread's earlier call was unwound by an error
+  cv_call_.wait(lk, [&] { return !in_call_; });    // another thread's call: wait for its finish
+  owner_ = me;
   error_.clear();
   K3_ASSERT(layer >= 0 && layer < int64_t(moe_index_.size()) && moe_index_[size_t(layer)] >= 0,
             "expert streamer: not a MoE layer");
@@ -398,6 +402,7 @@ void ExpertStreamer::finish() {
   for (const Job& j : handed_) index_.unpin(j.slot);
   handed_.clear();
   in_call_ = false;
+  cv_call_.notify_all();
 }
 
 StreamStats ExpertStreamer::stats() const {

@@ -20,7 +20,12 @@
 //    it in groups; results are bitwise those of the resident run (the same kernels on the same
 //    bytes, each expert writing its own rows).
 // A read that fails or comes back short is a k3::Error naming the file, the offset, the
-// tensor and the error (a truncated file: "short read"); its slot is dropped, never used.
+// tensor and the error (a truncated file: "short read"); its slot is dropped, never used. The
+// forward it interrupts leaves that sequence's DecodeState part-way through the call: reset
+// the sequence (or drop it) before using it again.
+// Several threads may run forwards on one streamed model (sessions of a server): their MoE
+// calls are served one at a time (a second thread's prefetch waits for the first call's
+// finish).
 #pragma once
 #include <sys/types.h>
 
@@ -142,7 +147,8 @@ class ExpertStreamer : public ExpertProvider {
   int group_target_ = 1;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_io_, cv_done_;
+  std::condition_variable cv_io_, cv_done_, cv_call_;
+  std::thread::id owner_;  // the thread whose call is in progress
   ExpertCacheIndex index_;
   bool stop_ = false, in_call_ = false;
   int64_t layer_ = -1;

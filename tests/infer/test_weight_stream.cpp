@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -344,4 +345,19 @@ TEST(WeightStream, PlannerPredictsTheDecodeReadsOfAColdCache) {
   const double per_token = double(st.payload_bytes) / 8;
   EXPECT_LE(per_token, double(p.moe_layers * p.top_k) * double(im.stream->expert_bytes()));
   EXPECT_GT(per_token, 0.8 * p.decode_bytes_per_token);
+}
+
+TEST(WeightStream, SessionsOnTwoThreadsShareTheStreamer) {
+  const std::string dir = saved_model(DType::F32).path;
+  const K3Model res = load_model(dir);
+  const std::vector<int32_t> a = test::make_ids(14, res.dims().V, 21), b = test::make_ids(11, res.dims().V, 22);
+  const std::vector<float> want_a = run_session(res, a, 6), want_b = run_session(res, b, 4);
+  InferenceModel im = streamed(dir, 4);
+  std::vector<float> got_a, got_b;
+  std::thread t1([&] { got_a = run_session(im.model, a, 6); });
+  std::thread t2([&] { got_b = run_session(im.model, b, 4); });
+  t1.join();
+  t2.join();
+  EXPECT_TRUE(bitwise_equal(got_a, want_a));
+  EXPECT_TRUE(bitwise_equal(got_b, want_b));
 }
