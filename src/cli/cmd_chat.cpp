@@ -34,6 +34,7 @@
 #include "io/chat_render.h"
 #include "io/stream_decoder.h"
 #include "io/tiktoken.h"
+#include "cli/ram_budget.h"
 #include "model/checkpoint.h"
 
 namespace k3::cli {
@@ -104,10 +105,11 @@ struct Printer {
 
 int cmd_chat(const std::vector<std::string>& args) {
   Args a(args,
-         {"system", "effort", "tools", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "threads"},
+         with_ram_budget_options(
+             {"system", "effort", "tools", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "threads"}),
          {"no-think", "no-color", "help"}, "chat");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs((std::string(kUsage) + kRamBudgetUsage).c_str(), stdout);
     return 0;
   }
   if (a.positional().size() != 1) fail("expected one <model dir>, got " + std::to_string(a.positional().size()));
@@ -154,7 +156,8 @@ int cmd_chat(const std::vector<std::string>& args) {
 
   LoadOptions lo;
   lo.dense_as_stored = true;
-  const K3Model model = load_model(md, lo);
+  BudgetedModel bm = load_budgeted(a, md, lo, "chat", 2048);  // turns longer than 2048 tokens may exceed the budget
+  const K3Model& model = bm.im->model;
   announce_machine("chat");
   Session session(model);
   Sampler sampler(so);
@@ -269,6 +272,7 @@ int cmd_chat(const std::vector<std::string>& args) {
                  g_interrupted ? "interrupted" : ended ? "end of message" : "max tokens");
   }
   if (interactive) std::printf("\n");
+  report_budgeted(bm, "chat");
   return 0;
 }
 

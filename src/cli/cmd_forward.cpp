@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "io/atomic_file.h"
+#include "cli/ram_budget.h"
 #include "model/checkpoint.h"
 
 namespace k3::cli {
@@ -24,11 +25,14 @@ namespace {
 const char* kUsage =
     "usage: k3cpp forward <model dir> --ids 1,2,3 --logits out.f32 [--threads N]\n"
     "                     [--kda-path fast|chunked|recurrent] [--dequantize] [--f32-weights]\n"
+    "                     [--ram-budget GB [--cache-policy s3fifo|lru] [--io auto|direct|buffered] [--disk-gbps X]]\n"
     "  --ids         comma-separated token ids\n"
     "  --logits      output file: float32 [T, vocab], row-major, little-endian\n"
     "  --kda-path    KDA core: fast (default), chunked or recurrent (the references)\n"
     "  --dequantize  run MXFP4 routed experts from an f32 copy\n"
     "  --f32-weights widen bf16 dense weights to f32 when loading (default: kept as stored)\n";
+
+std::string usage() { return std::string(kUsage) + kRamBudgetUsage; }
 
 }  // namespace
 
@@ -69,9 +73,10 @@ KDAPath parse_kda_path(const std::string& s) {
 }
 
 int cmd_forward(const std::vector<std::string>& args) {
-  Args a(args, {"ids", "logits", "threads", "kda-path"}, {"dequantize", "f32-weights", "help"}, "forward");
+  Args a(args, with_ram_budget_options({"ids", "logits", "threads", "kda-path"}), {"dequantize", "f32-weights", "help"},
+         "forward");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(usage().c_str(), stdout);
     return 0;
   }
   if (a.positional().size() != 1) fail("expected one <model dir>, got " + std::to_string(a.positional().size()));
@@ -91,7 +96,8 @@ int cmd_forward(const std::vector<std::string>& args) {
   LoadOptions lo;
   lo.dequantize_experts = a.flag("dequantize");
   lo.dense_as_stored = !a.flag("f32-weights");
-  const K3Model model = load_model(md, lo);
+  BudgetedModel bm = load_budgeted(a, md, lo, "forward", int64_t(ids.size()));
+  const K3Model& model = bm.im->model;
   announce_machine("forward");
   const int64_t T = int64_t(ids.size()), V = model.dims().V;
   std::vector<float> logits(size_t(T * V));
@@ -105,6 +111,7 @@ int cmd_forward(const std::vector<std::string>& args) {
   write_file_atomic(*out, [&](std::FILE* f) { std::fwrite(logits.data(), sizeof(float), logits.size(), f); });
   std::printf("wrote %s: float32 logits [%lld, %lld]\n", out->c_str(), (long long)T, (long long)V);
   std::fprintf(stderr, "forward: %lld tokens in %.3f s (%.1f tok/s)\n", (long long)T, sec, double(T) / std::max(sec, 1e-9));
+  report_budgeted(bm, "forward");
   return 0;
 }
 

@@ -20,6 +20,7 @@
 #include "core/threads.h"
 #include "infer/sampler.h"
 #include "infer/session.h"
+#include "cli/ram_budget.h"
 #include "io/stream_decoder.h"
 #include "io/vocabulary.h"
 #include "model/checkpoint.h"
@@ -35,7 +36,7 @@ namespace {
 const char* kUsage =
     "usage: k3cpp generate <model dir> (--ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
     "                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop ID,...]\n"
-    "                      [--ids-out] [--threads N]\n"
+    "                      [--ids-out] [--threads N] [--ram-budget GB ...]\n"
     "  --ids          prompt as comma-separated token ids\n"
     "  --prompt       prompt as text (the model dir's tiktoken.model, else its byte tokenizer.json)\n"
     "  --max-tokens   tokens to generate (default 64)\n"
@@ -45,6 +46,8 @@ const char* kUsage =
     "  --seed         sampling seed (default 0)\n"
     "  --stop         stop token ids (default: the tokenizer's EOS, if any)\n"
     "  --ids-out      print token ids instead of text\n";
+
+std::string usage() { return std::string(kUsage) + kRamBudgetUsage; }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -56,10 +59,11 @@ void print(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
 }  // namespace
 
 int cmd_generate(const std::vector<std::string>& args) {
-  Args a(args, {"ids", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "stop", "threads"},
+  Args a(args,
+         with_ram_budget_options({"ids", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "stop", "threads"}),
          {"ids-out", "help"}, "generate");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(usage().c_str(), stdout);
     return 0;
   }
   if (a.positional().size() != 1) fail("expected one <model dir>, got " + std::to_string(a.positional().size()));
@@ -106,7 +110,8 @@ int cmd_generate(const std::vector<std::string>& args) {
 
   LoadOptions lo;
   lo.dense_as_stored = true;  // bf16 dense weights read as stored
-  const K3Model model = load_model(md, lo);
+  BudgetedModel bm = load_budgeted(a, md, lo, "generate", int64_t(ids.size()));
+  const K3Model& model = bm.im->model;
   announce_machine("generate");
   SessionOptions sess_opt;
   sess_opt.reserve_tokens = int64_t(ids.size()) + max_tokens;
@@ -116,6 +121,7 @@ int cmd_generate(const std::vector<std::string>& args) {
   auto t0 = std::chrono::steady_clock::now();
   const float* logits = session.prefill(ids);
   const double prefill_s = seconds_since(t0);
+  report_phase(bm, "generate", "prefill", int64_t(ids.size()), prefill_s);
   t0 = std::chrono::steady_clock::now();
   int64_t produced = 0;
   const char* reason = "max tokens";
@@ -135,11 +141,14 @@ int cmd_generate(const std::vector<std::string>& args) {
   }
   const double decode_s = seconds_since(t0);
   if (text) print(text->flush());  // an incomplete last character: U+FFFD
+  // Decode steps: the first token came from the prefill, the rest from produced - 1 steps.
+  report_phase(bm, "generate", "decode", std::max<int64_t>(produced - 1, 0), decode_s);
   if (ids_out || produced) std::fputc('\n', stdout);
   std::fflush(stdout);
   std::fprintf(stderr, "generate: prefill %zu tokens in %.3f s (%.1f tok/s); decode %lld tokens in %.3f s (%.1f tok/s); stopped: %s\n",
                ids.size(), prefill_s, double(ids.size()) / std::max(prefill_s, 1e-9), (long long)produced, decode_s,
                double(produced) / std::max(decode_s, 1e-9), reason);
+  report_budgeted(bm, "generate");
   return 0;
 }
 

@@ -1,5 +1,5 @@
 // `k3cpp plan <config.json> [--storage bf16|mxfp4] [--context L] [--batch B]
-//              [--gpus N --gpu-mem GiB] [--json]`
+//              [--gpus N --gpu-mem GiB] [--ram-budget GB --disk-gbps X [--prefill-tokens T]] [--json]`
 // Prints what the planner (model/planner.h) computes from the parameter table: parameters
 // per component (total and active per token), weight bytes, decode cache per sequence,
 // forward FLOPs per token and, with --gpus, an expert-parallel placement estimate.
@@ -21,11 +21,14 @@ using json = nlohmann::json;
 
 const char* kUsage =
     "usage: k3cpp plan <config.json> [--storage bf16|mxfp4] [--context L] [--batch B]\n"
-    "                  [--gpus N --gpu-mem GiB] [--json]\n"
+    "                  [--gpus N --gpu-mem GiB] [--ram-budget GB --disk-gbps X [--prefill-tokens T]] [--json]\n"
     "  --storage  bf16: every tensor bf16; mxfp4 (default): routed experts MXFP4, rest bf16\n"
     "  --context  tokens per sequence for the cache and attention FLOPs (default 8192)\n"
     "  --batch    sequences held in the cache (default 1)\n"
     "  --gpus, --gpu-mem  expert-parallel placement on N devices of G GiB each\n"
+    "  --ram-budget, --disk-gbps  memory-limited inference (trunk resident, experts streamed): bytes read\n"
+    "             and the disk bound per token at this budget (GB) and disk bandwidth (GB/s)\n"
+    "  --prefill-tokens  prefill chunk for that projection (default 512)\n"
     "  --json     print the same figures as JSON\n";
 
 // Counts: 2 decimals below 10, 1 decimal above ("2.78 T", "104.2 B").
@@ -61,7 +64,8 @@ std::string human_flops(double v) {
 }  // namespace
 
 int cmd_plan(const std::vector<std::string>& args) {
-  Args a(args, {"storage", "context", "batch", "gpus", "gpu-mem"}, {"json", "help"}, "plan");
+  Args a(args, {"storage", "context", "batch", "gpus", "gpu-mem", "ram-budget", "disk-gbps", "prefill-tokens"},
+         {"json", "help"}, "plan");
   if (a.flag("help")) {
     std::fputs(kUsage, stdout);
     return 0;
@@ -87,7 +91,22 @@ int cmd_plan(const std::vector<std::string>& args) {
     if (!(gpu_mem > 0) || !std::isfinite(gpu_mem)) fail("--gpu-mem must be a positive number of GiB");
   }
 
+  const bool want_stream = a.get("ram-budget").has_value() || a.get("disk-gbps").has_value();
+  double budget_gb = 0, disk_gbps = 0;
+  long long prefill_tokens = 512;
+  if (want_stream) {
+    if (!a.get("ram-budget") || !a.get("disk-gbps")) fail("--ram-budget and --disk-gbps must be given together");
+    budget_gb = a.get_double("ram-budget", 0);
+    disk_gbps = a.get_double("disk-gbps", 0);
+    prefill_tokens = a.get_int("prefill-tokens", 512);
+    if (!(budget_gb > 0) || !std::isfinite(budget_gb)) fail("--ram-budget: expected a positive number of GB");
+    if (!(disk_gbps > 0) || !std::isfinite(disk_gbps)) fail("--disk-gbps: expected a positive number of GB/s");
+    if (prefill_tokens <= 0) fail("--prefill-tokens must be positive, got " + std::to_string(prefill_tokens));
+  }
+
   const K3Config c = load_config(path);
+  StreamProjection sp;
+  if (want_stream) sp = project_streaming(c, uint64_t(budget_gb * 1e9), disk_gbps * 1e9, prefill_tokens);
   const ParamCounts pc = count_params(c);
   const WeightBytes wb = weight_bytes(c, storage);
   const CacheBytes cache = decode_cache_bytes(c, context);
@@ -142,6 +161,27 @@ int cmd_plan(const std::vector<std::string>& args) {
                         {"fits", pl.fits()}};
     } else {
       j["placement"] = nullptr;
+    }
+    if (want_stream) {
+      j["streaming"] = {{"budget_bytes", sp.budget},
+                        {"disk_bytes_per_s", sp.disk_bytes_per_s},
+                        {"trunk_bytes", sp.trunk_bytes},
+                        {"reserve_bytes", sp.reserve},
+                        {"expert_bytes", sp.expert_bytes},
+                        {"min_budget_bytes", sp.min_budget},
+                        {"fits", sp.fits},
+                        {"cache_slots", sp.cache_slots},
+                        {"experts_total", sp.experts_total},
+                        {"hit_rate", sp.hit_rate},
+                        {"decode_bytes_per_token", sp.decode_bytes_per_token},
+                        {"decode_s_per_token", sp.decode_s_per_token},
+                        {"prefill_tokens", sp.prefill_tokens},
+                        {"prefill_bytes_per_chunk", sp.prefill_bytes_per_chunk},
+                        {"prefill_s_per_chunk", sp.prefill_s_per_chunk},
+                        {"all_streamed_bytes_per_token", sp.all_streamed_bytes_per_token},
+                        {"all_streamed_s_per_token", sp.all_streamed_s_per_token}};
+    } else {
+      j["streaming"] = nullptr;
     }
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
@@ -210,6 +250,17 @@ int cmd_plan(const std::vector<std::string>& args) {
                 human_bytes(double(pl.replicated_bytes)).c_str(), human_bytes(double(pl.expert_bytes)).c_str(),
                 human_bytes(double(pl.cache_bytes)).c_str(), human_bytes(double(pl.per_device_bytes())).c_str(),
                 human_bytes(double(pl.capacity_bytes())).c_str(), pl.fits() ? "fits" : "does NOT fit");
+  }
+  if (want_stream) {
+    std::printf("\nmemory-limited inference at %g GB, disk %g GB/s (trunk bf16 resident, experts streamed)\n",
+                budget_gb, disk_gbps);
+    std::printf("  %s\n", stream_projection_line(sp).c_str());
+    std::printf("  one expert %llu bytes; nothing cached, a decode token reads %.2f GB of experts (%.2f s); the trunk "
+                "streamed too: %.2f GB (%.2f s)\n",
+                (unsigned long long)sp.expert_bytes,
+                double(sp.moe_layers * sp.top_k) * double(sp.expert_bytes) / 1e9,
+                double(sp.moe_layers * sp.top_k) * double(sp.expert_bytes) / sp.disk_bytes_per_s,
+                sp.all_streamed_bytes_per_token / 1e9, sp.all_streamed_s_per_token);
   }
   return 0;
 }

@@ -70,10 +70,21 @@ void moe_dispatch(MoEDispatch& out, const int32_t* topk_idx, int64_t Tn, int64_t
   }
 }
 
+void moe_distinct_experts(std::vector<int32_t>& out, const int32_t* topk_idx, int64_t Tn, int64_t k, int64_t E) {
+  out.clear();
+  std::vector<uint8_t> seen(size_t(E), 0);
+  for (int64_t a = 0; a < Tn * k; ++a) {
+    K3_ASSERT(topk_idx[a] >= 0 && topk_idx[a] < E, "moe: expert index out of range");
+    seen[size_t(topk_idx[a])] = 1;
+  }
+  for (int64_t e = 0; e < E; ++e)
+    if (seen[size_t(e)]) out.push_back(int32_t(e));
+}
+
 void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, const float* topk_w,
                          const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2, int64_t Tn,
                          int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
-                         MoEExpertScratch& scratch, float* gu_saved, float* y_saved) {
+                         MoEExpertScratch& scratch, float* gu_saved, float* y_saved, ExpertProvider* provider) {
   K3_ASSERT(k > 0, "moe: top_k must be positive");
   MoEDispatch& dp = scratch.dispatch;
   moe_dispatch(dp, topk_idx, Tn, k, E);
@@ -82,9 +93,11 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = dp.offset[e + 1] - dp.offset[e];
     if (n == 0) continue;
-    check_expert(w1[e], F, n_in);
-    check_expert(w3[e], F, n_in);
-    check_expert(w2[e], n_in, F);
+    if (!provider) {
+      check_expert(w1[e], F, n_in);
+      check_expert(w3[e], F, n_in);
+      check_expert(w2[e], n_in, F);
+    }
     scratch.active.push_back(int32_t(e));
     max_rows = std::max(max_rows, n);
   }
@@ -99,15 +112,14 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
   if (scratch.slots.size() < size_t(Tn * k * n_in)) scratch.slots.resize(size_t(Tn * k * n_in));
   float* slots = scratch.slots.data();
 
-#pragma omp parallel for schedule(dynamic, 1) if (n_active > 1)
-  for (int64_t ai = 0; ai < n_active; ++ai) {
-    const int64_t e = scratch.active[ai];
+  // One expert e with its matrices (m1, m3, m2) on its gathered rows, on the calling thread.
+  auto run_expert = [&](int64_t e, const ExpertMatrix& m1, const ExpertMatrix& m3, const ExpertMatrix& m2,
+                        float* zg) {
     const int64_t begin = dp.offset[e], n = dp.offset[e + 1] - begin;
-    float* zg = scratch.work.data() + per_thread * (n_active > 1 ? omp_get_thread_num() : 0);
     float* gu = zg + ld * n_in;   // [n, 2F] laid out [gate | up]   (columns: [2F, ld])
     float* act = gu + ld * 2 * F;  // [n, F]                        (columns: [F, ld])
     float* y = act + ld * F;       // [n, n_in]                     (columns: [n_in, ld])
-    const bool mx = w1[e].mx || w3[e].mx || w2[e].mx;
+    const bool mx = m1.mx || m3.mx || m2.mx;
     if (mx && n > kFusedMaxRows) {
       // Prefill sizes: rows as columns (kernels/small_matmul.h), MXFP4 rows dequantised per
       // block of 6 inside the product.
@@ -118,10 +130,10 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
           const float* zr = z + int64_t(dp.token[begin + r]) * n_in;
           for (int64_t c = c0; c < std::min(c0 + 16, n_in); ++c) zg[c * ld + r] = zr[c];
         }
-      expert_cols(gu, zg, w1[e], n, ld);
-      expert_cols(gu + F * ld, zg, w3[e], n, ld);
+      expert_cols(gu, zg, m1, n, ld);
+      expert_cols(gu + F * ld, zg, m3, n, ld);
       for (int64_t j = 0; j < F; ++j) situ_forward_fast(act + j * ld, gu + j * ld, gu + (F + j) * ld, n, b1, b2);
-      expert_cols(y, act, w2[e], n, ld);
+      expert_cols(y, act, m2, n, ld);
       for (int64_t c0 = 0; c0 < n_in; c0 += 16)
         for (int64_t r = 0; r < n; ++r) {
           const int64_t s = dp.slot[begin + r];
@@ -137,14 +149,14 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
             const int64_t s = dp.slot[begin + r];
             for (int64_t j = j0; j < std::min(j0 + 16, 2 * F); ++j) gu_saved[s * 2 * F + j] = gu[j * ld + r];
           }
-      continue;
+      return;
     }
     for (int64_t r = 0; r < n; ++r)
       std::memcpy(zg + r * n_in, z + int64_t(dp.token[begin + r]) * n_in, sizeof(float) * size_t(n_in));
-    expert_linear(gu, 2 * F, zg, w1[e], n);
-    expert_linear(gu + F, 2 * F, zg, w3[e], n);
+    expert_linear(gu, 2 * F, zg, m1, n);
+    expert_linear(gu + F, 2 * F, zg, m3, n);
     for (int64_t r = 0; r < n; ++r) situ_forward_fast(act + r * F, gu + r * 2 * F, gu + r * 2 * F + F, F, b1, b2);
-    expert_linear(y, n_in, act, w2[e], n);
+    expert_linear(y, n_in, act, m2, n);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t s = dp.slot[begin + r];
       if (gu_saved) std::memcpy(gu_saved + s * 2 * F, gu + r * 2 * F, sizeof(float) * size_t(2 * F));
@@ -153,6 +165,34 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
       float* dst = slots + s * n_in;
       for (int64_t c = 0; c < n_in; ++c) dst[c] = p * y[r * n_in + c];
     }
+  };
+
+  if (!provider) {
+#pragma omp parallel for schedule(dynamic, 1) if (n_active > 1)
+    for (int64_t ai = 0; ai < n_active; ++ai) {
+      const int64_t e = scratch.active[ai];
+      run_expert(e, w1[e], w3[e], w2[e], scratch.work.data() + per_thread * (n_active > 1 ? omp_get_thread_num() : 0));
+    }
+  } else {
+    // Groups as the provider makes them valid; each expert exactly once.
+    int64_t handed = 0;
+    for (ExpertGroup g = provider->next(); g.n > 0; g = provider->next()) {
+      for (int64_t i = 0; i < g.n; ++i) {
+        const int64_t e = g.experts[i];
+        K3_ASSERT(e >= 0 && e < E && dp.offset[e + 1] > dp.offset[e], "moe: provider handed out an expert without tokens");
+        check_expert(g.w1[i], F, n_in);
+        check_expert(g.w3[i], F, n_in);
+        check_expert(g.w2[i], n_in, F);
+      }
+      handed += g.n;
+      const bool par = g.n > 1 && nthreads > 1;
+#pragma omp parallel for schedule(dynamic, 1) if (par)
+      for (int64_t i = 0; i < g.n; ++i)
+        run_expert(g.experts[i], g.w1[i], g.w3[i], g.w2[i],
+                   scratch.work.data() + per_thread * (par ? omp_get_thread_num() : 0));
+    }
+    provider->finish();
+    K3_ASSERT(handed == n_active, "moe: the provider did not hand out every expert of the call");
   }
 
   // Combine in slot order: a fixed reduction order per token.

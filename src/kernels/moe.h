@@ -16,6 +16,10 @@
 // not depend on the thread count or schedule. Experts without tokens are never touched.
 // Reference: per token and slot, plain matrix-vector products accumulated in double;
 // templated on the scalar type R (float, and double for gradient checks).
+// Streaming (optional ExpertProvider): the experts' matrices need not be resident. The
+// provider hands the active experts out in groups, each valid (pinned) until the next group
+// is asked for; every expert runs exactly the same code on the same rows as without a
+// provider, writing its own slot rows, so the result is bitwise the resident one.
 // Training: both forwards can save, per (token, slot) row t * k + i, the expert's
 // [W1 z | W3 z] and its unweighted output W2 SiTU(...); the backwards (moe_backward.cpp)
 // take them. Only f32 experts train; MXFP4 experts are inference-only.
@@ -56,6 +60,32 @@ struct MoEDispatch {
 };
 void moe_dispatch(MoEDispatch& out, const int32_t* topk_idx, int64_t Tn, int64_t k, int64_t E);
 
+// The experts of one group handed out by an ExpertProvider: experts[i] (distinct) with its
+// matrices w1[i], w3[i], w2[i], valid until the provider's next() or finish().
+struct ExpertGroup {
+  const int32_t* experts = nullptr;
+  const ExpertMatrix* w1 = nullptr;
+  const ExpertMatrix* w3 = nullptr;
+  const ExpertMatrix* w2 = nullptr;
+  int64_t n = 0;  // 0: every expert of the call has been handed out
+};
+
+// Supplies routed expert matrices that are not resident (memory-limited inference: an expert
+// cache filled from disk, infer/weight_stream.h). One call of moe_experts_forward on MoE
+// layer `layer` is: prefetch(layer, experts) with the call's distinct experts (ascending;
+// latent_moe_forward calls it right after routing, so reads overlap the down projection and
+// the shared experts), then next() until it returns n == 0 (each returned group is pinned
+// until the following next()), then finish() (releases the last group). A provider serves one
+// such call at a time; errors (a failed read) are thrown from next() as k3::Error, and the
+// next prefetch() starts clean.
+class ExpertProvider {
+ public:
+  virtual ~ExpertProvider() = default;
+  virtual void prefetch(int64_t layer, const int32_t* experts, int64_t n) = 0;
+  virtual ExpertGroup next() = 0;
+  virtual void finish() = 0;
+};
+
 // Reusable buffers (grow only; steady-state calls do not allocate).
 struct MoEExpertScratch {
   MoEDispatch dispatch;
@@ -68,10 +98,16 @@ struct MoEExpertScratch {
 // u [T, n_in] (assigned); z [T, n_in]; topk_idx, topk_w [T, k]; w1, w3, w2: E matrices each.
 // Training (optional): gu_saved [T * k, 2F] and y_saved [T * k, n_in] receive, per (token,
 // slot), [W1 z | W3 z] and W2 SiTU(W1 z, W3 z) (before the weight p).
+// provider (optional): the experts' matrices come from it in groups (w1, w3, w2 are then only
+// read for their shapes; prefetch() must already have been called with this call's distinct
+// experts, see ExpertProvider).
 void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, const float* topk_w,
                          const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2, int64_t Tn,
                          int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
-                         MoEExpertScratch& scratch, float* gu_saved = nullptr, float* y_saved = nullptr);
+                         MoEExpertScratch& scratch, float* gu_saved = nullptr, float* y_saved = nullptr,
+                         ExpertProvider* provider = nullptr);
+// The distinct experts of topk_idx [T * k], ascending, into out (what a provider prefetches).
+void moe_distinct_experts(std::vector<int32_t>& out, const int32_t* topk_idx, int64_t Tn, int64_t k, int64_t E);
 // Plain reference with the same signature (the test oracle).
 template <typename R>
 void moe_experts_forward_reference(R* u, const R* z, const int32_t* topk_idx, const R* topk_w,

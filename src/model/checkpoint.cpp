@@ -112,6 +112,11 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
   }
   const ExpertStorage storage =
       any_mx && all_mx && !opt.dequantize_experts ? ExpertStorage::Mxfp4 : ExpertStorage::Plain;
+  const bool external = opt.ram_budget_bytes > 0;
+  if (external && storage != ExpertStorage::Mxfp4)
+    fail_input(ck.path(), "--ram-budget",
+               "memory-limited inference streams MXFP4 routed experts (weight_packed + weight_scale); this checkpoint's "
+               "experts are not all MXFP4" + std::string(opt.dequantize_experts ? " or --dequantize was given" : ""));
   // Dense matrices kept as stored (bf16) for inference: those a checkpoint holds as bf16 under
   // their released name with the spec's shape (anything else is validated and converted below).
   std::vector<bool> bf16_held(specs.size(), false);
@@ -125,6 +130,7 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
       bf16_held[i] = info.dtype == DType::BF16 && info.shape == s.shape;
     }
   WeightStore w(cfg, storage, bf16_held);
+  if (external) w.set_experts_external();
   const ParamLayout& lay = w.layout();
 
   // Validate everything and take the views (serially), then convert (in parallel).
@@ -148,6 +154,7 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
       const std::string what = " (MXFP4 of " + s.name + " " + shape_str(s.shape) + ")";
       check_stored(ck, pk, st[0].shape, true, what);
       check_stored(ck, sc, st[1].shape, true, what);
+      if (external) continue;  // read on demand by the expert cache (infer/weight_stream.h)
       jobs.push_back({i, storage == ExpertStorage::Mxfp4 ? Kind::MxKeep : Kind::MxDequant, ck.get(pk), ck.get(sc)});
       continue;
     }

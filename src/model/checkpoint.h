@@ -43,6 +43,12 @@ struct LoadOptions {
   // read by the kernels as stored); otherwise every dense tensor is widened into the f32
   // buffer (training keeps f32 master weights).
   bool dense_as_stored = false;
+  // Memory-limited inference: the budget in bytes for what the engine holds (0: resident, the
+  // default). The loading path for a budget is infer/weight_stream.h load_inference_model
+  // (CLI forward / generate / chat --ram-budget; a server sets this field and calls it):
+  // there load_weights validates every MXFP4 routed expert (names, dtypes, shapes) but takes
+  // no view of it (WeightStore::experts_external), and an expert cache reads them on demand.
+  uint64_t ram_budget_bytes = 0;
   // Receives the load's one-line notices (legacy names, skipped vision tensors); unset: stderr.
   std::function<void(const std::string&)> log;
 };

@@ -108,8 +108,10 @@ LayerWeights layer_weights(const WeightStore& w, int64_t layer) {
     if (lay.in_buffer(i)) {
       m.f32 = w.param(i);
     } else {
-      K3_ASSERT(w.has_mxfp4(i), "MXFP4 routed expert not loaded: " + name);
-      m.mx = &w.mxfp4(i);
+      if (!w.experts_external()) {
+        K3_ASSERT(w.has_mxfp4(i), "MXFP4 routed expert not loaded: " + name);
+        m.mx = &w.mxfp4(i);
+      }  // else: shape only; the model's ExpertProvider supplies the matrix
     }
     return m;
   };
@@ -167,6 +169,19 @@ K3ModelT<R>::K3ModelT(WeightStore weights) : store_(std::move(weights)), dims_(m
   final_res_proj_ = P(kOutputAttnResProjName);
   final_norm_ = P(kModelPrefix + "norm.weight");
   lm_head_ = config().tie_word_embeddings ? embed_ : P(kLmHeadName);
+}
+
+template <typename R>
+void K3ModelT<R>::set_expert_provider(std::shared_ptr<ExpertProvider> p) {
+  K3_ASSERT((std::is_same_v<R, float>), "an expert provider serves the float engine only");
+  K3_ASSERT(p || !store_.experts_external(), "a model whose experts are external needs an expert provider");
+  provider_ = std::move(p);
+  for (int64_t i = 0; i < dims_.L; ++i) {
+    LatentMoEWeightsT<R>& m = layers_[size_t(i)].moe;
+    if (!layers_[size_t(i)].is_moe) continue;
+    m.provider = provider_.get();
+    m.provider_layer = i;
+  }
 }
 
 template <typename R>

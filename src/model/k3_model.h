@@ -14,6 +14,7 @@
 // weights.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/decoder.h"
@@ -108,6 +109,12 @@ class K3ModelT {
   const LayerWeightsT<R>& layer(int64_t i) const { return layers_.at(size_t(i)); }
   DecodeStateT<R> new_state() const;  // reset for this model
 
+  // Memory-limited inference (float only): every MoE layer takes its routed experts from p
+  // (kernels/moe.h ExpertProvider; infer/weight_stream.h) instead of the store; null: the
+  // store's (resident). The model keeps p alive. Forwards through one provider serialise on it.
+  void set_expert_provider(std::shared_ptr<ExpertProvider> p);
+  ExpertProvider* expert_provider() const { return provider_.get(); }
+
   // logits [T, V] (or [1, V] with last_only) for ids [T], continuing the sequence in `st`
   // (st.n_tokens += T). Token ids outside [0, V) are a k3::Error naming the position.
   // With rec (training): Prefill mode, a fresh state and every position's logits.
@@ -141,6 +148,7 @@ class K3ModelT {
   const R* final_res_proj_ = nullptr;  // [d]
   const R* final_norm_ = nullptr;      // [d]
   MatT<R> lm_head_;                    // [V, d] (the embedding when tied)
+  std::shared_ptr<ExpertProvider> provider_;  // memory-limited inference (float only)
 };
 using K3Model = K3ModelT<float>;
 

@@ -87,19 +87,28 @@ void latent_moe_forward(float* out, const float* x, const LatentMoEWeights& w, c
     z = s.z.data(), u = s.u.data(), gu = s.gu.data(), act = s.act.data();
   }
   grow(s.un, T * dm.l);
+  if (w.provider) {  // start reading the chosen experts now; the work below overlaps the reads
+    moe_distinct_experts(s.distinct, r.idx.data(), T, dm.k, dm.E);
+    w.provider->prefetch(w.provider_layer, s.distinct.data(), int64_t(s.distinct.size()));
+  }
   linear(z, x, w.down, T, dm.d, dm.l);  // z = W_down x
+  if (dm.shared_width > 0) {  // shared experts, first half: gu = [x W1s^T | x W3s^T], act = SiTU
+    gemm(false, true, T, dm.shared_width, dm.d, 1.f, x, dm.d, w.shared_w1, dm.d, 0.f, gu, 2 * dm.shared_width);
+    gemm(false, true, T, dm.shared_width, dm.d, 1.f, x, dm.d, w.shared_w3, dm.d, 0.f, gu + dm.shared_width,
+         2 * dm.shared_width);
+    situ_glu_forward(act, gu, T, dm.shared_width, dm.situ_b1, dm.situ_b2);
+  }
   moe_experts_forward(u, z, r.idx.data(), r.weight.data(), w.w1.data(), w.w3.data(), w.w2.data(), T, dm.l, dm.F,
                       dm.E, dm.k, dm.situ_b1, dm.situ_b2, s.experts, saved ? saved->slot_gu.data() : nullptr,
-                      saved ? saved->slot_y.data() : nullptr);
+                      saved ? saved->slot_y.data() : nullptr, w.provider);
   const float* un = u;
   if (dm.use_norm) {
     rmsnorm_forward<float>(s.un.data(), u_rstd, u, w.latent_norm, T, dm.l, dm.rms_eps);
     un = s.un.data();
   }
   linear(out, un, w.up, T, dm.l, dm.d);  // W_up RMSNorm(u)
-  if (dm.shared_width > 0)
-    dense_ffn_forward<float>(out, gu, act, x, w.shared_w1, w.shared_w3, w.shared_w2, T, dm.d, dm.shared_width,
-                             dm.situ_b1, dm.situ_b2, /*accumulate=*/true);
+  // Shared experts, second half: out += act W2s^T (dense_ffn_forward's last step).
+  if (dm.shared_width > 0) linear(out, act, w.shared_w2, T, dm.shared_width, dm.d, /*accumulate=*/true);
 }
 
 namespace {

@@ -4,7 +4,10 @@
 //   z = W_down x                                   latent rows [T, l]
 //   u = sum_i p_i W2_i SiTU(W1_i z, W3_i z)        routed experts in latent space
 //   y = W_up RMSNorm(u) + W2s SiTU(W1s x, W3s x)   (RMSNorm only if use_norm; shared width S*F)
-// latent_moe_forward runs the routed experts grouped by expert (kernels/moe.h);
+// latent_moe_forward runs the routed experts grouped by expert (kernels/moe.h); the shared
+// experts' first half (W1s x, W3s x, SiTU) runs before the routed experts and their W2s
+// product after the up-projection (the same operations as one dense FFN call, so the result
+// does not change), which gives an expert provider's reads that time to overlap;
 // latent_moe_forward_dense_reference loops every token over its experts with plain
 // matrix-vector products accumulated in double, and is the test oracle. Backward:
 // model/moe_block_backward.cpp.
@@ -33,6 +36,11 @@ struct LatentMoEWeightsT {
   MatT<R> shared_w3;     // [S*F, d] shared_experts.up_proj
   MatT<R> shared_w2;     // [d, S*F] shared_experts.down_proj
   std::vector<ExpertMatrixT<R>> w1, w3, w2;  // E each: w1, w3 [F, l]; w2 [l, F]
+  // Memory-limited inference (float only): the routed experts are not resident (w1, w3, w2
+  // hold only their shapes) and come from this provider (kernels/moe.h) as MoE layer
+  // provider_layer; null: resident.
+  ExpertProvider* provider = nullptr;
+  int64_t provider_layer = -1;
 };
 using LatentMoEWeights = LatentMoEWeightsT<float>;
 
@@ -89,6 +97,7 @@ template <typename R>
 struct MoEScratchT {
   MoERoutingT<R> routing;  // used when the caller passes no routing_out
   std::vector<R> z, u, un, gu, act;
+  std::vector<int32_t> distinct;  // a provider's distinct experts of the call
   std::vector<R> dun, du, dz, dtopk_w, dlogits, dgu, dact;
   MoEExpertScratch experts;
 };

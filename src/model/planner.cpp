@@ -2,7 +2,9 @@
 // the parameter table; nothing here repeats a tensor shape.
 #include "model/planner.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "core/error.h"
 
@@ -98,6 +100,84 @@ Flops forward_flops_per_token(const K3Config& c, int64_t context) {
                (double(context) / 2.0);
   f.kda_state = n_kda * 7.0 * H * D * D;
   return f;
+}
+
+uint64_t working_bytes_estimate(const K3Config& c, int64_t tokens) {
+  const double HD = double(c.kda_num_heads * c.kda_head_dim);
+  const double mla = double(c.num_attention_heads) * double(c.mla_qk_head_dim() + c.qk_nope_head_dim + 4 * c.v_head_dim);
+  const double ffn = 3.0 * double(std::max(c.intermediate_size, c.num_shared_experts * c.moe_intermediate_size));
+  const double blocks = double(c.num_hidden_layers / std::max<int64_t>(c.attn_res_block_size, 1) + 2);
+  const double moe = double(c.num_experts_per_token * c.routed_expert_hidden_size + 4 * c.routed_expert_hidden_size +
+                            c.num_experts);
+  const double per_token = 4.0 * (15.0 * HD + mla + ffn + (4.0 + blocks) * double(c.hidden_size) + moe +
+                                  double(c.vocab_size));
+  return uint64_t(1.1 * per_token * double(std::max<int64_t>(tokens, 1))) + (uint64_t(48) << 20);
+}
+
+StreamProjection project_streaming(const K3Config& c, uint64_t budget, double bw, int64_t prefill_tokens,
+                                   uint64_t trunk_bytes, uint64_t slot_bytes, uint64_t reserve) {
+  StreamProjection p;
+  p.budget = budget;
+  p.reserve = reserve ? reserve : working_bytes_estimate(c, prefill_tokens);
+  p.disk_bytes_per_s = bw;
+  p.E = c.num_experts;
+  p.top_k = c.num_experts_per_token;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) p.moe_layers += c.is_moe_layer(i) ? 1 : 0;
+  uint64_t other = 0;
+  for (const ParamSpec& s : k3_param_specs(c)) {
+    if (s.component != Component::RoutedExperts) other += spec_bytes(s, WeightStorage::MXFP4);
+    else if (s.expert == 0 && s.layer == c.first_k_dense_replace) p.expert_bytes += spec_bytes(s, WeightStorage::MXFP4);
+  }
+  p.trunk_bytes = trunk_bytes ? trunk_bytes : other;
+  p.slot_bytes = slot_bytes ? slot_bytes : p.expert_bytes;
+  p.experts_total = p.moe_layers * p.E;
+  p.min_budget = p.trunk_bytes + p.reserve + 2 * p.slot_bytes;
+  p.fits = p.moe_layers > 0 && budget >= p.min_budget;
+  if (p.fits)
+    p.cache_slots = std::min<int64_t>(p.experts_total, int64_t((budget - p.trunk_bytes - p.reserve) / p.slot_bytes));
+  p.hit_rate = p.experts_total > 0 ? double(p.cache_slots) / double(p.experts_total) : 0;
+  const double eb = double(p.expert_bytes), miss = 1 - p.hit_rate;
+  p.decode_bytes_per_token = double(p.moe_layers * p.top_k) * eb * miss;
+  p.prefill_tokens = prefill_tokens;
+  const double distinct =
+      p.E > 0 ? double(p.E) * (1 - std::pow(1 - double(p.top_k) / double(p.E), double(prefill_tokens))) : 0;
+  p.prefill_bytes_per_chunk = double(p.moe_layers) * distinct * eb;  // a cold cache
+  p.all_streamed_bytes_per_token = double(p.trunk_bytes) + double(p.moe_layers * p.top_k) * eb;
+  if (bw > 0) {
+    p.decode_s_per_token = p.decode_bytes_per_token / bw;
+    p.prefill_s_per_chunk = p.prefill_bytes_per_chunk / bw;
+    p.all_streamed_s_per_token = p.all_streamed_bytes_per_token / bw;
+  }
+  return p;
+}
+
+std::string stream_projection_line(const StreamProjection& p) {
+  auto gb = [](double b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+    return std::string(buf);
+  };
+  char buf[1024];
+  if (!p.fits) {
+    std::snprintf(buf, sizeof buf,
+                  "plan: budget %s is below the resident minimum %s (dense trunk %s resident, %s working "
+                  "memory, 2 expert slots of %.1f MB); streaming the trunk too would read %s per token (%.2f s at "
+                  "%.2f GB/s), which this engine does not do",
+                  gb(double(p.budget)).c_str(), gb(double(p.min_budget)).c_str(), gb(double(p.trunk_bytes)).c_str(),
+                  gb(double(p.reserve)).c_str(), double(p.slot_bytes) / 1e6,
+                  gb(p.all_streamed_bytes_per_token).c_str(), p.all_streamed_s_per_token, p.disk_bytes_per_s / 1e9);
+    return buf;
+  }
+  std::snprintf(buf, sizeof buf,
+                "plan: budget %s = trunk %s resident + %s working + expert cache %lld slots x %.1f MB (%.1f %% of "
+                "%lld experts); flat-routing hit rate %.3f; decode reads %s/token -> >= %.3f s/token at %.2f GB/s; "
+                "prefill chunk of %lld tokens reads %s -> >= %.2f s",
+                gb(double(p.budget)).c_str(), gb(double(p.trunk_bytes)).c_str(), gb(double(p.reserve)).c_str(),
+                (long long)p.cache_slots, double(p.slot_bytes) / 1e6, 100.0 * p.hit_rate,
+                (long long)p.experts_total, p.hit_rate, gb(p.decode_bytes_per_token).c_str(), p.decode_s_per_token,
+                p.disk_bytes_per_s / 1e9, (long long)p.prefill_tokens, gb(p.prefill_bytes_per_chunk).c_str(),
+                p.prefill_s_per_chunk);
+  return buf;
 }
 
 uint64_t Placement::capacity_bytes() const { return uint64_t(gpu_mem_gib * 1024.0 * 1024.0 * 1024.0); }

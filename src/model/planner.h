@@ -94,4 +94,45 @@ struct Placement {
 Placement place(const K3Config& c, WeightStorage s, int64_t gpus, double gpu_mem_gib, int64_t context,
                 int64_t batch);
 
+// Memory-limited inference (infer/weight_stream.h): the dense trunk resident, routed experts
+// read from disk into an expert cache of whole experts. From the config, the budget and a
+// disk bandwidth, before anything runs:
+//  cache_slots   = (budget - trunk - reserve) / slot_bytes, at most every expert
+//  hit rate      = cache_slots / experts_total  (flat routing: every expert equally likely,
+//                  which Quantile Balancing makes close to true; any policy's steady state)
+//  decode bytes  = moe_layers x top_k x expert_bytes x (1 - hit rate)      per token
+//  prefill bytes = moe_layers x E (1 - (1 - top_k/E)^T) x expert_bytes per chunk of T tokens
+//                  (each distinct expert read once per chunk, the cache cold as at the start
+//                  of a prompt; a batched decode of B sequences is a chunk of B)
+//  seconds       >= bytes / disk bandwidth (the bound; compute and the trunk's memory reads
+//                  come on top)
+// and, for a budget the trunk does not fit, what streaming the trunk too would read (trunk
+// bytes + every chosen expert per token; the engine does not stream the trunk: it refuses).
+struct StreamProjection {
+  uint64_t budget = 0, trunk_bytes = 0, reserve = 0;
+  uint64_t expert_bytes = 0;  // one expert's w1, w2, w3 as stored (payload)
+  uint64_t slot_bytes = 0;    // one cache slot (payload plus read alignment)
+  int64_t moe_layers = 0, E = 0, top_k = 0, experts_total = 0, cache_slots = 0;
+  uint64_t min_budget = 0;  // trunk + reserve + 2 slots
+  bool fits = false;        // budget >= min_budget
+  double disk_bytes_per_s = 0;
+  double hit_rate = 0;
+  double decode_bytes_per_token = 0, decode_s_per_token = 0;
+  int64_t prefill_tokens = 0;
+  double prefill_bytes_per_chunk = 0, prefill_s_per_chunk = 0;
+  double all_streamed_bytes_per_token = 0, all_streamed_s_per_token = 0;  // trunk + experts, nothing cached
+};
+// The engine's working memory for a forward call of `tokens` tokens (f32 activations and the
+// scratch buffers, which grow to the largest call and are kept): per token 4 bytes x (KDA
+// scratch 15 H D + MLA scratch Hm (qk + nope + 4 v) + dense / shared FFN 3 max(I, S F) +
+// 4 d + blocks d + MoE k l + 4 l + E + logits V), plus 10 % and 48 MiB for the allocator,
+// threads and the rest. An estimate, checked by the RssAnon measurements.
+uint64_t working_bytes_estimate(const K3Config& c, int64_t tokens);
+// trunk_bytes 0: the config's dense weights in bf16 (as released); slot_bytes 0: expert_bytes.
+StreamProjection project_streaming(const K3Config& c, uint64_t budget, double disk_bytes_per_s,
+                                   int64_t prefill_tokens = 512, uint64_t trunk_bytes = 0, uint64_t slot_bytes = 0,
+                                   uint64_t reserve = 0);  // 0: working_bytes_estimate(c, prefill_tokens)
+// One line: "plan: budget 8.00 GB = trunk ... ; expert cache N slots ...; predicted ...".
+std::string stream_projection_line(const StreamProjection& p);
+
 }  // namespace k3

@@ -93,6 +93,10 @@ class WeightStore {
   bool has_mxfp4(size_t i) const { return i < mx_.size() && mx_[i].rows > 0; }
   const Mxfp4Matrix& mxfp4(size_t i) const;
   void set_mxfp4(size_t i, Mxfp4Matrix m);  // K3_ASSERT on a shape that is not the spec's
+  // Memory-limited inference: the MXFP4 routed experts are not held at all (an ExpertProvider
+  // supplies them, kernels/moe.h); the model's expert views then carry only their shapes.
+  bool experts_external() const { return external_; }
+  void set_experts_external() { external_ = true; }
 
  private:
   K3Config cfg_;
@@ -100,6 +104,7 @@ class WeightStore {
   Tensor buffer_;                // F32 [total_floats]
   std::vector<Mxfp4Matrix> mx_;  // by table position; filled only for MXFP4-held experts
   std::vector<Tensor> bf16_;     // by table position; filled only for bf16-held matrices
+  bool external_ = false;        // routed experts supplied by a provider (experts_external)
 };
 
 }  // namespace k3

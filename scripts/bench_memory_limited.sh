@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Memory-limited inference benchmark (docs/memory-limited.md): writes a real-width K3 slice
+# (configs/k3-slice.json: d 7168, the real KDA and MLA shapes, a dense first layer, 2 MoE
+# layers of 896 MXFP4 experts of 3584 x 3072, 17.5 MB each: ~37 GB with the trunk) in the
+# released layout, measures the disk's sequential O_DIRECT read bandwidth (dd), then runs
+# `k3cpp generate` with a 512-token prompt and DECODE decode steps under each budget and cache
+# policy, printing the plan line, prefill tokens/s, bytes read per token against the plan,
+# seconds per token against the disk bound, hit rates and peak RssAnon (page cache apart).
+# usage: scripts/bench_memory_limited.sh [SLICE_DIR] [BUDGETS...]
+#   SLICE_DIR default /work/k3-slice (written if it has no config.json; KEEP=0 deletes it at the end)
+#   BUDGETS   default "4 8 16" (GB); POLICIES default "s3fifo lru"; DECODE default 24; THREADS default 2
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SLICE=${1:-/work/k3-slice}
+shift || true
+BUDGETS=${*:-4 8 16}
+POLICIES=${POLICIES:-s3fifo lru}
+DECODE=${DECODE:-24}
+THREADS=${THREADS:-2}
+BUILD=${BUILD:-build}
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DK3_BUILD_BENCH=OFF >/dev/null
+nice cmake --build "$BUILD" -j2 --target k3cpp k3_make_slice >/dev/null
+K3="$BUILD/k3cpp"
+if [ ! -f "$SLICE/config.json" ]; then
+  echo "== writing the slice to $SLICE"
+  /usr/bin/time -f "slice written in %e s" "$BUILD/k3_make_slice" configs/k3-slice.json "$SLICE" --seed 1
+fi
+du -sh "$SLICE"
+echo "== machine"
+lscpu | grep -E "Model name|^CPU\(s\)|Thread|L3" || true
+free -g | head -2
+# On a virtual disk the host may cache what was read or written recently (O_DIRECT bypasses
+# only the guest's page cache): read a large range once, in 2 GiB pieces, and take the
+# slowest piece's rate (the closest to the device) for the plan.
+echo "== disk: sequential O_DIRECT read (dd, 8 MiB blocks, 4 x 2 GiB of a MoE shard)"
+SHARD="$SLICE/model-00003-of-000004.safetensors"
+DISK=9999
+for skip in 0 256 512 768; do
+  line=$(dd if="$SHARD" of=/dev/null bs=8M count=256 skip=$skip iflag=direct 2>&1 | tail -1)
+  echo "$line"
+  r=$(echo "$line" | python3 -c "import sys,re; l=sys.stdin.read(); m=re.search(r'(\d+) bytes.*?, ([\d.]+) s,', l); print(f'{int(m.group(1))/float(m.group(2))/1e9:.3f}')")
+  DISK=$(python3 -c "print(min($DISK, $r))")
+done
+DISK=${DISK_GBPS:-$DISK}
+echo "disk bandwidth used for the plan: $DISK GB/s"
+# External check: a memory cgroup (v1) nested under this script's own, with memory.limit_in_bytes
+# = the budget (hard; page cache is charged too but reclaimed first), where it can be created.
+CG_PARENT=/sys/fs/cgroup/memory$(awk -F: '$2=="memory"{print $3}' /proc/self/cgroup)
+cg_run() {  # cg_run BUDGET_GB cmd...: runs cmd in a fresh child cgroup limited to the budget
+  local b=$1; shift
+  local cg="$CG_PARENT/k3_mlb_$$"
+  if [ "${CGROUP:-1}" = "1" ] && mkdir "$cg" 2>/dev/null; then
+    local lim; lim=$(python3 -c "print(int($b*1e9))"); echo "$lim" > "$cg/memory.limit_in_bytes"
+    sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$cg" "$@"
+    local rc=$?
+    echo "cgroup $cg: limit $(cat $cg/memory.limit_in_bytes) B, max usage $(cat $cg/memory.max_usage_in_bytes) B (anonymous + page cache), failcnt $(cat $cg/memory.failcnt); $(grep -E '^(total_)?(rss|cache|mapped_file) ' $cg/memory.stat | tr '\n' ' ')" >&2
+    rmdir "$cg" 2>/dev/null || true
+    return $rc
+  fi
+  echo "no memory cgroup (could not create one under $CG_PARENT): RssAnon sampling only" >&2
+  "$@"
+}
+IDS=$(python3 -c "print(','.join(str((i*7919+13)%16384) for i in range(512)))")
+for B in $BUDGETS; do
+  for P in $POLICIES; do
+    echo "== budget $B GB, policy $P"
+    pc0=$(awk '/^Cached:/{print $2}' /proc/meminfo)
+    set +e
+    cg_run "$B" /usr/bin/time -f "wall %e s, max RSS (VmHWM, incl. file pages) %M kB" \
+      "$K3" generate "$SLICE" --ids "$IDS" --max-tokens $((DECODE + 1)) --ids-out --threads "$THREADS" \
+      --ram-budget "$B" --cache-policy "$P" --disk-gbps "$DISK" > /tmp/k3_mlb_out.txt 2> /tmp/k3_mlb_err.txt
+    rc=$?
+    set -e
+    pc1=$(awk '/^Cached:/{print $2}' /proc/meminfo)
+    grep -v "^k3cpp generate: CPU" /tmp/k3_mlb_err.txt || true
+    echo "exit $rc; system page cache $(( (pc1 - pc0) / 1024 )) MiB over the run"
+    [ $rc -ne 0 ] && break  # the other policy refuses the same budget
+  done
+done
+if [ "${KEEP:-1}" = "0" ]; then rm -rf "$SLICE"; echo "deleted $SLICE"; fi

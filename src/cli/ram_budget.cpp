@@ -1,0 +1,103 @@
+// --ram-budget for forward / generate / chat (see ram_budget.h).
+#include "cli/ram_budget.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace k3::cli {
+
+const std::vector<std::string>& ram_budget_options() {
+  static const std::vector<std::string> o = {"ram-budget", "cache-policy", "io", "disk-gbps"};
+  return o;
+}
+
+const char* kRamBudgetUsage =
+    "  --ram-budget GB     memory-limited inference: hold at most GB (1e9 bytes) of weights, reading the\n"
+    "                      routed experts from disk into an expert cache (the dense trunk stays resident)\n"
+    "  --cache-policy P    expert cache policy: s3fifo (default) or lru\n"
+    "  --io MODE           expert reads: auto (O_DIRECT where allowed, default), direct, buffered\n"
+    "  --disk-gbps X       disk bandwidth for the plan line (default: measured with a 256 MB O_DIRECT read)\n";
+
+std::vector<std::string> with_ram_budget_options(std::vector<std::string> options) {
+  for (const std::string& o : ram_budget_options()) options.push_back(o);
+  return options;
+}
+
+BudgetedModel load_budgeted(const Args& a, const ModelDir& md, LoadOptions lo, const char* command,
+                            int64_t tokens_per_call) {
+  BudgetedModel bm;
+  StreamOptions so;
+  so.tokens_per_call = std::max<int64_t>(tokens_per_call, 1);
+  so.policy = parse_cache_policy(a.get_or("cache-policy", "s3fifo"));
+  so.io = parse_io_mode(a.get_or("io", "auto"));
+  double disk = 0;
+  if (a.get("disk-gbps")) {
+    disk = a.get_double("disk-gbps", 0);
+    if (!(disk > 0) || !std::isfinite(disk)) fail("--disk-gbps: expected a positive number of GB/s");
+    disk *= 1e9;
+  }
+  if (a.get("ram-budget")) {
+    const double gb = a.get_double("ram-budget", 0);
+    if (!(gb > 0) || !std::isfinite(gb)) fail("--ram-budget: expected a positive number of GB, got " + *a.get("ram-budget"));
+    bm.budget = uint64_t(gb * 1e9);
+  } else if (a.get("cache-policy") || a.get("io") || a.get("disk-gbps")) {
+    fail("--cache-policy, --io and --disk-gbps apply only with --ram-budget");
+  }
+  lo.ram_budget_bytes = bm.budget;
+  if (bm.budget) {
+    bm.before = read_proc_mem();
+    bm.page_cache_before = system_page_cache_bytes();
+    bm.sampler = std::make_unique<MemSampler>(20);
+  }
+  bm.im = std::make_unique<InferenceModel>(load_inference_model(md, lo, so, disk));
+  if (bm.budget) {
+    std::fprintf(stderr, "%s: %s\n", command, stream_projection_line(bm.im->plan).c_str());
+    std::fprintf(stderr, "%s: %s\n", command, bm.im->trunk_note.c_str());
+  }
+  return bm;
+}
+
+void report_phase(BudgetedModel& bm, const char* command, const char* phase, int64_t tokens, double seconds) {
+  if (!bm.budget || tokens <= 0) return;
+  const StreamStats st = bm.im->stream->stats();
+  const StreamProjection& p = bm.im->plan;
+  const bool decode = std::string(phase) == "decode";
+  const double predicted = decode ? p.decode_bytes_per_token : p.prefill_bytes_per_chunk / double(p.prefill_tokens);
+  const double per_token = double(st.payload_bytes) / double(tokens);
+  const double bound = p.disk_bytes_per_s > 0 ? double(st.device_bytes) / double(tokens) / p.disk_bytes_per_s : 0;
+  std::fprintf(stderr,
+               "%s: %s: %lld tokens, %.3f s/token; experts read %.4f GB/token (plan %.4f GB/token%s), %.4f GB/token "
+               "from disk -> disk bound %.3f s/token at %.2f GB/s (%.0f %% of the bound reached); hit rate %.3f; "
+               "pread %.2f s, waited %.2f s\n",
+               command, phase, (long long)tokens, seconds / double(tokens), per_token / 1e9, predicted / 1e9,
+               decode ? "" : (" for a chunk of " + std::to_string(p.prefill_tokens)).c_str(),
+               double(st.device_bytes) / double(tokens) / 1e9, bound, p.disk_bytes_per_s / 1e9,
+               seconds > 0 ? 100.0 * bound * double(tokens) / seconds : 0.0, st.hit_rate(), st.io_seconds,
+               st.wait_seconds);
+  bm.im->stream->reset_stats();
+}
+
+void report_budgeted(BudgetedModel& bm, const char* command) {
+  if (!bm.budget) return;
+  bm.sampler->stop();
+  const ProcMem now = read_proc_mem();
+  const int64_t pc = system_page_cache_bytes();
+  if (bm.im->stream->stats().calls > 0)
+    std::fprintf(stderr, "%s: %s\n", command, stream_stats_line(*bm.im->stream).c_str());
+  std::fprintf(stderr,
+               "%s: memory: peak RssAnon %.3f GB (%.3f GB before loading) against the budget %.3f GB (%s); "
+               "engine arenas: trunk %.3f GB + expert cache %.3f GB; peak RssFile %.3f GB; system page cache "
+               "%+.3f GB over the run (other processes included); %lld samples\n",
+               command, double(bm.sampler->peak_anon()) / 1e9, double(bm.before.rss_anon) / 1e9,
+               double(bm.budget) / 1e9, bm.sampler->peak_anon() <= int64_t(bm.budget) ? "under" : "OVER",
+               double(bm.im->trunk_bytes) / 1e9, double(bm.im->stream->arena_bytes()) / 1e9,
+               double(bm.sampler->peak_file()) / 1e9,
+               pc >= 0 && bm.page_cache_before >= 0 ? double(pc - bm.page_cache_before) / 1e9 : 0.0,
+               (long long)bm.sampler->samples());
+  (void)now;
+}
+
+}  // namespace k3::cli

@@ -1,0 +1,550 @@
+// Expert streaming from the checkpoint into an owned expert cache (see weight_stream.h).
+#include "infer/weight_stream.h"
+
+#include <fcntl.h>
+#include <omp.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "core/error.h"
+#include "model/param_specs.h"
+
+namespace k3 {
+
+namespace {
+
+constexpr uint64_t kDirectAlign = 4096;
+constexpr uint64_t kHuge = uint64_t(2) << 20;
+// Tensors of one expert closer than this in the file are read as one run (the gap is read too).
+constexpr uint64_t kMaxGap = uint64_t(64) << 10;
+
+uint64_t align_down(uint64_t x, uint64_t a) { return x / a * a; }
+uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string gb(double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f GB", b / 1e9);
+  return buf;
+}
+
+const char* kPartSuffix[6] = {"w1.weight_packed", "w1.weight_scale", "w3.weight_packed",
+                              "w3.weight_scale",  "w2.weight_packed", "w2.weight_scale"};
+
+}  // namespace
+
+IoMode parse_io_mode(const std::string& s) {
+  if (s == "auto") return IoMode::Auto;
+  if (s == "direct") return IoMode::Direct;
+  if (s == "buffered") return IoMode::Buffered;
+  fail("--io: expected auto, direct or buffered, got '" + s + "'");
+}
+
+std::vector<ExpertStreamer::Loc> ExpertStreamer::locate(const CheckpointReader& ck, const K3Config& cfg,
+                                                        std::vector<std::string>* files, uint64_t align,
+                                                        uint64_t* slot_bytes, uint64_t* expert_bytes) {
+  std::map<std::string, int> file_ix;
+  std::vector<Loc> locs;
+  uint64_t max_slot = 0, max_payload = 0;
+  for (int64_t layer = 0; layer < cfg.num_hidden_layers; ++layer) {
+    if (!cfg.is_moe_layer(layer)) continue;
+    for (int64_t e = 0; e < cfg.num_experts; ++e) {
+      Loc loc;
+      loc.layer = layer;
+      loc.expert = e;
+      const std::string base = layer_prefix(layer) + "block_sparse_moe.experts." + std::to_string(e) + ".";
+      uint64_t payload = 0;
+      for (int w = 0; w < 6; ++w) {
+        const TensorInfo& ti = ck.info(base + kPartSuffix[w]);
+        auto [it, fresh] = file_ix.emplace(ti.file, int(file_ix.size()));
+        if (w == 0) loc.file = it->second;
+        else if (it->second != loc.file)
+          fail_input(ti.file, ti.name, "lies in another file than " + base + kPartSuffix[0] +
+                                           " (memory-limited inference reads one expert from one file)");
+        (void)fresh;
+        Part p;
+        p.offset = ti.offset;
+        p.nbytes = ti.nbytes;
+        p.which = w;
+        loc.parts.push_back(p);
+        payload += ti.nbytes;
+      }
+      std::sort(loc.parts.begin(), loc.parts.end(), [](const Part& a, const Part& b) { return a.offset < b.offset; });
+      uint64_t slot = 0;
+      for (size_t i = 0; i < loc.parts.size();) {
+        size_t j = i + 1;
+        uint64_t end = loc.parts[i].offset + loc.parts[i].nbytes;
+        while (j < loc.parts.size() && loc.parts[j].offset <= end + kMaxGap) {
+          end = std::max(end, loc.parts[j].offset + loc.parts[j].nbytes);
+          ++j;
+        }
+        Run r;
+        r.start = align_down(loc.parts[i].offset, align);
+        r.len = align_up(end, align) - r.start;
+        r.need = end - r.start;
+        r.slot_off = slot;
+        r.first_part = int(i);
+        for (size_t q = i; q < j; ++q) loc.parts[q].slot_off = slot + (loc.parts[q].offset - r.start);
+        slot += r.len;
+        loc.runs.push_back(r);
+        i = j;
+      }
+      max_slot = std::max(max_slot, slot);
+      max_payload = std::max(max_payload, payload);
+      locs.push_back(std::move(loc));
+    }
+  }
+  if (files) {
+    files->assign(file_ix.size(), "");
+    for (const auto& [f, i] : file_ix) (*files)[size_t(i)] = f;
+  }
+  if (slot_bytes) *slot_bytes = align_up(std::max<uint64_t>(max_slot, 1), kDirectAlign);
+  if (expert_bytes) *expert_bytes = max_payload;
+  return locs;
+}
+
+void ExpertStreamer::measure(const CheckpointReader& ck, const K3Config& cfg, uint64_t* slot_bytes,
+                             uint64_t* expert_bytes) {
+  locate(ck, cfg, nullptr, kDirectAlign, slot_bytes, expert_bytes);
+}
+
+ExpertStreamer::ExpertStreamer(const CheckpointReader& ck, const K3Config& cfg, int64_t slots,
+                               const StreamOptions& opt)
+    : cfg_(cfg), opt_(opt), E_(cfg.num_experts), slots_(slots) {
+  K3_ASSERT(slots >= 1, "expert streamer: needs at least one slot");
+  // Open the files first: O_DIRECT decides the read alignment.
+  {
+    std::vector<std::string> files;
+    locate(ck, cfg, &files, 1, nullptr, nullptr);
+    files_ = files;
+  }
+  std::string why_not;
+  direct_ = opt.io != IoMode::Buffered;
+  for (const std::string& f : files_) {
+    int fd = -1;
+    if (direct_) {
+      fd = ::open(f.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+      if (fd < 0) {
+        const int e = errno;
+        if (opt.io == IoMode::Direct) fail_system("cannot open with O_DIRECT (--io direct)", f);
+        why_not = std::string("open(O_DIRECT) failed: ") + std::strerror(e);
+        direct_ = false;
+        for (int& o : fds_) ::close(o);
+        fds_.clear();
+        break;
+      }
+    } else {
+      fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) fail_system("cannot open", f);
+    }
+    fds_.push_back(fd);
+  }
+  if (!direct_ && fds_.empty())
+    for (const std::string& f : files_) {
+      const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) fail_system("cannot open", f);
+      fds_.push_back(fd);
+    }
+  align_ = direct_ ? kDirectAlign : 1;
+  io_mode_ = direct_ ? "O_DIRECT pread (4096-byte aligned)"
+                     : "buffered pread + posix_fadvise(DONTNEED)" +
+                           (opt.io == IoMode::Buffered ? std::string(" (--io buffered)") : " (" + why_not + ")");
+  locs_ = locate(ck, cfg, nullptr, align_, &slot_bytes_, &expert_bytes_);
+  moe_index_.assign(size_t(cfg.num_hidden_layers), -1);
+  for (int64_t l = 0, m = 0; l < cfg.num_hidden_layers; ++l)
+    if (cfg.is_moe_layer(l)) moe_index_[size_t(l)] = m++;
+
+  arena_bytes_ = align_up(uint64_t(slots_) * slot_bytes_, kHuge);
+  void* p = ::mmap(nullptr, arena_bytes_ + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) fail_system("cannot reserve the expert cache arena (" + gb(double(arena_bytes_)) + ")", "mmap");
+  // 2 MiB-aligned start; the unaligned head and the tail are given back.
+  uint8_t* base = static_cast<uint8_t*>(p);
+  uint8_t* al = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(base), kHuge));
+  if (al > base) ::munmap(base, size_t(al - base));
+  const size_t tail = size_t((base + arena_bytes_ + kHuge) - (al + arena_bytes_));
+  if (tail) ::munmap(al + arena_bytes_, tail);
+  arena_ = al;
+#ifdef MADV_HUGEPAGE
+  ::madvise(arena_, arena_bytes_, MADV_HUGEPAGE);
+#endif
+  // Fault the whole arena in now: the budget is taken at load (RssAnon shows it), and the
+  // first reads do not pay page faults and huge-page compaction inside the run.
+  std::memset(arena_, 0, arena_bytes_);
+  views_.resize(size_t(slots_));
+  index_ = ExpertCacheIndex(slots_, opt.policy, int64_t(locs_.size()));
+  group_target_ = std::max(1, std::min(2 * omp_get_max_threads(), int(std::max<int64_t>(1, slots_ / 2))));
+  io_ = std::thread([this] { io_loop(); });
+}
+
+ExpertStreamer::~ExpertStreamer() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_io_.notify_all();
+  if (io_.joinable()) io_.join();
+  for (int fd : fds_) ::close(fd);
+  if (arena_) ::munmap(arena_, arena_bytes_);
+}
+
+void ExpertStreamer::bind_views(int64_t slot, int64_t key) {
+  const Loc& loc = locs_[size_t(key)];
+  SlotViews& v = views_[size_t(slot)];
+  uint8_t* base = arena_ + uint64_t(slot) * slot_bytes_;
+  const int64_t F = cfg_.moe_intermediate_size, l = cfg_.routed_expert_hidden_size;
+  const int64_t rows[3] = {F, F, l}, cols[3] = {l, l, F};
+  for (const Part& p : loc.parts) {
+    const int m = p.which / 2;
+    const bool scales = p.which % 2;
+    Tensor t = Tensor::view_of(DType::U8, scales ? Shape{rows[m], cols[m] / 32} : Shape{rows[m], cols[m] / 2},
+                               base + p.slot_off, nullptr);
+    if (scales) v.m[m].scales = std::move(t);
+    else v.m[m].packed = std::move(t);
+    v.m[m].rows = rows[m];
+    v.m[m].cols = cols[m];
+  }
+  for (int m = 0; m < 3; ++m) v.em[m] = ExpertMatrix{nullptr, &v.m[m], rows[m], cols[m]};
+}
+
+void ExpertStreamer::read_job(const Job& j) {
+  const Loc& loc = locs_[size_t(j.key)];
+  const int fd = fds_[size_t(loc.file)];
+  uint8_t* base = arena_ + uint64_t(j.slot) * slot_bytes_;
+  for (const Run& r : loc.runs) {
+    uint64_t got = 0;
+    while (got < r.len) {
+      const double t0 = now_s();
+      const ssize_t n = opt_.pread_hook ? opt_.pread_hook(fd, base + r.slot_off + got, size_t(r.len - got),
+                                                          off_t(r.start + got))
+                                        : ::pread(fd, base + r.slot_off + got, size_t(r.len - got), off_t(r.start + got));
+      const int err = errno;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        st_.io_seconds += now_s() - t0;
+        ++st_.reads;
+        if (n > 0) st_.device_bytes += uint64_t(n);
+      }
+      auto what = [&] {
+        return "routed expert " + std::to_string(loc.expert) + " of layer " + std::to_string(loc.layer) + " (" +
+               layer_prefix(loc.layer) + "block_sparse_moe.experts." + std::to_string(loc.expert) + "." +
+               kPartSuffix[loc.parts[size_t(r.first_part)].which] + " and the rest of the read, " +
+               std::to_string(r.need) + " bytes from offset " + std::to_string(r.start) + ")";
+      };
+      if (n < 0) {
+        if (err == EINTR) continue;
+        fail("reading " + what() + " from " + files_[size_t(loc.file)] + " at offset " + std::to_string(r.start + got) +
+             ": " + std::strerror(err));
+      }
+      if (n == 0) {
+        if (got >= r.need) break;  // end of file inside the alignment widening
+        fail("reading " + what() + " from " + files_[size_t(loc.file)] + " at offset " + std::to_string(r.start + got) +
+             ": short read, got " + std::to_string(got) + " of " + std::to_string(r.need) +
+             " bytes (the file ends there: truncated or replaced while in use?)");
+      }
+      got += uint64_t(n);
+    }
+    if (!direct_) ::posix_fadvise(fd, off_t(r.start), off_t(r.len), POSIX_FADV_DONTNEED);
+  }
+}
+
+void ExpertStreamer::io_loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    cv_io_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    const Job j = queue_.front();
+    queue_.pop_front();
+    lk.unlock();
+    std::string err;
+    try {
+      read_job(j);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    lk.lock();
+    --outstanding_;
+    if (err.empty()) {
+      uint64_t payload = 0;
+      for (const Part& p : locs_[size_t(j.key)].parts) payload += p.nbytes;
+      st_.payload_bytes += payload;
+      ready_.push_back(j);
+    } else {
+      if (error_.empty()) error_ = err;
+      index_.unpin(j.slot);
+      index_.erase(j.key);  // the slot's bytes are not that expert's: never a hit
+    }
+    cv_done_.notify_all();
+  }
+}
+
+void ExpertStreamer::admit_locked() {
+  bool any = false;
+  while (!pending_.empty()) {
+    Job j = pending_.front();
+    const int64_t s = index_.insert(j.key);
+    if (s < 0) break;
+    index_.pin(s);
+    j.slot = s;
+    pending_.pop_front();
+    queue_.push_back(j);
+    ++outstanding_;
+    any = true;
+  }
+  if (any) cv_io_.notify_one();
+}
+
+void ExpertStreamer::abort_locked(std::unique_lock<std::mutex>& lk) {
+  // Drop what is not read yet, wait for the read in progress, release every pin of the call.
+  for (const Job& j : queue_) {
+    index_.unpin(j.slot);
+    index_.erase(j.key);
+    --outstanding_;
+  }
+  queue_.clear();
+  pending_.clear();
+  cv_done_.wait(lk, [&] { return outstanding_ == 0; });
+  for (const Job& j : ready_) index_.unpin(j.slot);
+  for (const Job& j : handed_) index_.unpin(j.slot);
+  ready_.clear();
+  handed_.clear();
+  in_call_ = false;
+  cv_call_.notify_all();
+}
+
+void ExpertStreamer::prefetch(int64_t layer, const int32_t* experts, int64_t n) {
+  std::unique_lock<std::mutex> lk(mu_);
+  const std::thread::id me = std::this_thread::get_id();
+  if (in_call_ && owner_ == me) abort_locked(lk);  // this thread's earlier call was unwound by an error
+  cv_call_.wait(lk, [&] { return !in_call_; });    // another thread's call: wait for its finish
+  owner_ = me;
+  error_.clear();
+  K3_ASSERT(layer >= 0 && layer < int64_t(moe_index_.size()) && moe_index_[size_t(layer)] >= 0,
+            "expert streamer: not a MoE layer");
+  in_call_ = true;
+  layer_ = layer;
+  ++st_.calls;
+  st_.experts_requested += n;
+  const int64_t mi = moe_index_[size_t(layer)];
+  std::vector<Job> miss;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t key = mi * E_ + experts[i];
+    const int64_t s = index_.find(key);
+    if (s >= 0) {
+      index_.pin(s);
+      ready_.push_back({key, s, experts[i]});
+      ++st_.hits;
+    } else {
+      miss.push_back({key, -1, experts[i]});
+      ++st_.misses;
+    }
+  }
+  // Reads in file order (one sequential sweep per call).
+  std::sort(miss.begin(), miss.end(), [&](const Job& a, const Job& b) {
+    const Loc &la = locs_[size_t(a.key)], &lb = locs_[size_t(b.key)];
+    return la.file != lb.file ? la.file < lb.file : la.runs[0].start < lb.runs[0].start;
+  });
+  pending_.assign(miss.begin(), miss.end());
+  admit_locked();
+}
+
+ExpertGroup ExpertStreamer::next() {
+  std::unique_lock<std::mutex> lk(mu_);
+  K3_ASSERT(in_call_, "expert streamer: next() outside a call");
+  for (const Job& j : handed_) index_.unpin(j.slot);
+  handed_.clear();
+  admit_locked();
+  if (ready_.empty() && outstanding_ == 0 && pending_.empty() && error_.empty()) return {};
+  const size_t target = size_t(std::min<int64_t>(group_target_, int64_t(ready_.size()) + outstanding_));
+  if (ready_.size() < std::max<size_t>(target, 1) && error_.empty()) {
+    const double t0 = now_s();
+    cv_done_.wait(lk, [&] { return !error_.empty() || ready_.size() >= std::max<size_t>(target, 1); });
+    st_.wait_seconds += now_s() - t0;
+  }
+  if (!error_.empty()) {
+    const std::string e = error_;
+    abort_locked(lk);
+    error_.clear();
+    fail(e);
+  }
+  handed_.swap(ready_);
+  ready_.clear();
+  const size_t n = handed_.size();
+  g_experts_.resize(n);
+  g_w1_.resize(n);
+  g_w3_.resize(n);
+  g_w2_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Job& j = handed_[i];
+    bind_views(j.slot, j.key);
+    const SlotViews& v = views_[size_t(j.slot)];
+    g_experts_[i] = j.expert;
+    g_w1_[i] = v.em[0];
+    g_w3_[i] = v.em[1];
+    g_w2_[i] = v.em[2];
+  }
+  return {g_experts_.data(), g_w1_.data(), g_w3_.data(), g_w2_.data(), int64_t(n)};
+}
+
+void ExpertStreamer::finish() {
+  std::unique_lock<std::mutex> lk(mu_);
+  K3_ASSERT(ready_.empty() && pending_.empty() && outstanding_ == 0, "expert streamer: finish() before every group");
+  for (const Job& j : handed_) index_.unpin(j.slot);
+  handed_.clear();
+  in_call_ = false;
+  cv_call_.notify_all();
+}
+
+StreamStats ExpertStreamer::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  StreamStats s = st_;
+  s.evictions = index_.evictions;
+  return s;
+}
+
+void ExpertStreamer::reset_stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  st_ = StreamStats{};
+  index_.evictions = 0;
+}
+
+std::string stream_stats_line(const ExpertStreamer& s) {
+  const StreamStats st = s.stats();
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "stream: %lld MoE calls, %lld experts requested, hit rate %.3f (%lld hits, %lld misses, %lld "
+                "evictions); read %s of experts (%s from disk in %lld reads, %.2f s in pread, %.2f GB/s); compute "
+                "waited %.2f s",
+                (long long)st.calls, (long long)st.experts_requested, st.hit_rate(), (long long)st.hits,
+                (long long)st.misses, (long long)st.evictions, gb(double(st.payload_bytes)).c_str(),
+                gb(double(st.device_bytes)).c_str(), (long long)st.reads, st.io_seconds,
+                st.io_seconds > 0 ? double(st.device_bytes) / st.io_seconds / 1e9 : 0.0, st.wait_seconds);
+  return buf;
+}
+
+double probe_read_bandwidth(const std::string& path, uint64_t bytes, std::string* how) {
+  struct stat sb{};
+  if (::stat(path.c_str(), &sb) != 0) fail_system("cannot stat", path);
+  const uint64_t size = uint64_t(sb.st_size);
+  const uint64_t block = uint64_t(8) << 20;
+  bytes = std::min(bytes, align_down(size, kDirectAlign));
+  if (bytes < kDirectAlign) {
+    if (how) *how = "file too small to measure";
+    return 0;
+  }
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  bool direct = fd >= 0;
+  if (!direct) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail_system("cannot open", path);
+  const uint64_t start = align_down((size - bytes) / 2, kDirectAlign);
+  if (!direct) ::posix_fadvise(fd, off_t(start), off_t(bytes), POSIX_FADV_DONTNEED);
+  void* buf = nullptr;
+  if (::posix_memalign(&buf, kDirectAlign, block) != 0) {
+    ::close(fd);
+    fail("probe_read_bandwidth: out of memory");
+  }
+  const double t0 = now_s();
+  uint64_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd, buf, size_t(std::min(block, align_up(bytes - done, kDirectAlign))), off_t(start + done));
+    if (n <= 0) break;
+    done += uint64_t(n);
+  }
+  const double dt = now_s() - t0;
+  std::free(buf);
+  ::close(fd);
+  if (how) {
+    char b[160];
+    std::snprintf(b, sizeof b, "%s read of %.0f MB of %s", direct ? "O_DIRECT" : "buffered (O_DIRECT refused)",
+                  double(done) / 1e6, path.c_str());
+    *how = b;
+  }
+  return dt > 0 ? double(done) / dt : 0;
+}
+
+InferenceModel load_inference_model(const ModelDir& md, const LoadOptions& opt, const StreamOptions& so,
+                                    double disk_bytes_per_s) {
+  if (opt.ram_budget_bytes == 0) return InferenceModel{load_model(md, opt), nullptr, {}, 0, ""};
+  const CheckpointReader ck = CheckpointReader::open(md.dir);
+  if (ck.size() == 0) fail_input(md.dir, "", "no safetensors files in the model directory");
+  const K3Config& cfg = md.config;
+  // The budget check comes before any weight is read: the trunk as it will be held (bf16
+  // matrices as stored with dense_as_stored, everything else f32), the reserve, two slots.
+  uint64_t trunk = 0;
+  for (const ParamSpec& s : k3_param_specs(cfg)) {
+    if (s.component == Component::RoutedExperts) continue;
+    const bool bf16 = opt.dense_as_stored && s.shape.size() == 2 && s.shape[0] >= 2 && s.shape[1] >= 2 &&
+                      ck.has(s.name) && ck.info(s.name).dtype == DType::BF16 && ck.info(s.name).shape == s.shape;
+    trunk += uint64_t(s.numel()) * (bf16 ? 2 : 4);
+  }
+  uint64_t slot_bytes = 0, expert_bytes = 0;
+  for (const ParamSpec& s : k3_param_specs(cfg))
+    if (s.component == Component::RoutedExperts && !ck.has(mxfp4_packed_name(s.name)))
+      fail_input(ck.path(), "--ram-budget",
+                 "memory-limited inference streams MXFP4 routed experts; " + s.name + " is not stored as MXFP4");
+  ExpertStreamer::measure(ck, cfg, &slot_bytes, &expert_bytes);
+  if (disk_bytes_per_s <= 0) {
+    std::string how;
+    const std::string probe_file = ck.info(layer_prefix(cfg.first_k_dense_replace) +
+                                           "block_sparse_moe.experts.0.w1.weight_packed").file;
+    disk_bytes_per_s = probe_read_bandwidth(probe_file, uint64_t(256) << 20, &how);
+    std::fprintf(stderr, "disk: %.2f GB/s (%s)\n", disk_bytes_per_s / 1e9, how.c_str());
+  }
+  const uint64_t reserve =
+      so.working_reserve_bytes ? so.working_reserve_bytes : working_bytes_estimate(cfg, so.tokens_per_call);
+  StreamProjection plan = project_streaming(cfg, opt.ram_budget_bytes, disk_bytes_per_s, so.tokens_per_call, trunk,
+                                            slot_bytes, reserve);
+  if (!plan.fits) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "%.3f GB is below the resident minimum of %.3f GB for this model: the dense trunk (%.3f GB as "
+                  "held; streaming the trunk is not implemented, so it stays resident), %.3f GB working memory "
+                  "and two expert slots of %.1f MB",
+                  double(opt.ram_budget_bytes) / 1e9, double(plan.min_budget) / 1e9, double(trunk) / 1e9,
+                  double(reserve) / 1e9, double(slot_bytes) / 1e6);
+    fail_input(md.dir, "--ram-budget", buf);
+  }
+  int64_t slots = plan.cache_slots;
+  if (so.cache_slots > 0) {
+    if (trunk + reserve + uint64_t(so.cache_slots) * slot_bytes > opt.ram_budget_bytes)
+      fail_input(md.dir, "--ram-budget", std::to_string(so.cache_slots) + " cache slots do not fit the budget");
+    slots = so.cache_slots;
+    plan.cache_slots = slots;
+    plan = project_streaming(cfg, trunk + reserve + uint64_t(slots) * slot_bytes, disk_bytes_per_s,
+                             so.tokens_per_call, trunk, slot_bytes, reserve);
+    plan.budget = opt.ram_budget_bytes;
+  }
+  WeightStore w = load_weights(ck, cfg, opt);
+  // The trunk into owned memory: bf16 views of the mapping become copies, so no weight the
+  // forward reads is a mapped page, and the mapped pages read while loading are dropped.
+  for (size_t i = 0; i < w.layout().size(); ++i)
+    if (w.layout().bf16_held(i)) w.set_bf16(i, w.bf16(i).clone());
+  InferenceModel im{K3Model(std::move(w)), nullptr, plan, 0, ""};
+  im.trunk_bytes = uint64_t(im.model.weights().size()) * 4 + uint64_t(im.model.weights().bf16_bytes());
+  for (const auto& f : ck.files()) {
+    const int fd = ::open(f->path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+      ::close(fd);
+    }
+  }
+  im.stream = std::make_shared<ExpertStreamer>(ck, cfg, slots, so);
+  im.model.set_expert_provider(im.stream);
+  im.trunk_note = "dense trunk resident in owned memory (" + gb(double(im.trunk_bytes)) +
+                  "); routed experts streamed: " + std::to_string(slots) + " cache slots (" +
+                  gb(double(im.stream->arena_bytes())) + " arena, " + cache_policy_name(so.policy) + "), " +
+                  im.stream->io_mode();
+  return im;
+}
+
+}  // namespace k3
