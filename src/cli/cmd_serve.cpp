@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/ram_budget.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "serve/server.h"
@@ -25,6 +26,7 @@ const char* kUsage =
     "usage: k3cpp serve <model dir> [--host 127.0.0.1] [--port 8080] [--parallel N] [--ctx N]\n"
     "                   [--api-key KEY] [--threads N] [--queue-limit N] [--state-budget-mb N]\n"
     "                   [--prefill-chunk N] [--no-prefix-cache] [--drain-s S] [--model-name NAME]\n"
+    "                   [--ram-budget GB [--cache-policy s3fifo|lru] [--io auto|direct|buffered] [--disk-gbps X]]\n"
     "  --host             address to bind (default 127.0.0.1, loopback only)\n"
     "  --port             TCP port (default 8080; 0 picks a free one, printed on stdout)\n"
     "  --parallel         sequences decoded together at most (default 8)\n"
@@ -44,11 +46,12 @@ const char* kUsage =
 
 int cmd_serve(const std::vector<std::string>& args) {
   Args a(args,
-         {"host", "port", "parallel", "ctx", "api-key", "threads", "queue-limit", "state-budget-mb", "prefill-chunk",
-          "drain-s", "model-name"},
+         with_ram_budget_options({"host", "port", "parallel", "ctx", "api-key", "threads", "queue-limit",
+                                  "state-budget-mb", "prefill-chunk", "drain-s", "model-name"}),
          {"no-prefix-cache", "help"}, "serve");
   if (a.flag("help")) {
     std::fputs(kUsage, stdout);
+    std::fputs(kRamBudgetUsage, stdout);
     return 0;
   }
   if (a.positional().size() != 1) fail("expected one <model dir>, got " + std::to_string(a.positional().size()));
@@ -72,6 +75,8 @@ int cmd_serve(const std::vector<std::string>& args) {
   if (eo.queue_limit < 0 || eo.queue_limit > 100000) fail("--queue-limit must be 0..100000");
   if (eo.state_budget_mb < 1) fail("--state-budget-mb must be >= 1");
   if (eo.prefill_chunk < 1) fail("--prefill-chunk must be >= 1");
+  // The engine's largest forward call: a prefill chunk or a decode batch of every slot.
+  const BudgetArgs budget = parse_budget_args(a, std::max(eo.prefill_chunk, eo.parallel));
   const double drain_s = a.get_double("drain-s", 30);
   if (drain_s < 0) fail("--drain-s must be >= 0");
   set_num_threads(int(a.get_int("threads", 0)));
@@ -100,8 +105,14 @@ int cmd_serve(const std::vector<std::string>& args) {
   try {
     LoadOptions lo;
     lo.dense_as_stored = true;
-    server.load(dir, lo);
+    lo.ram_budget_bytes = budget.budget;
+    server.load(dir, lo, budget.stream, budget.disk_bytes_per_s);
     announce_machine("serve");
+    if (budget.budget) {
+      const InferenceModel* im = server.inference_model();
+      std::fprintf(stderr, "k3cpp serve: %s\n", stream_projection_line(im->plan).c_str());
+      std::fprintf(stderr, "k3cpp serve: %s\n", im->trunk_note.c_str());
+    }
     const EngineStats s = server.stats();
     std::fprintf(stderr, "k3cpp serve: model loaded from %s; %lld slots, ctx %lld, state budget %lld MB\n", dir.c_str(),
                  (long long)eo.parallel, (long long)eo.ctx, (long long)(s.state_budget_bytes >> 20));

@@ -26,26 +26,33 @@ std::vector<std::string> with_ram_budget_options(std::vector<std::string> option
   return options;
 }
 
-BudgetedModel load_budgeted(const Args& a, const ModelDir& md, LoadOptions lo, const char* command,
-                            int64_t tokens_per_call) {
-  BudgetedModel bm;
-  StreamOptions so;
-  so.tokens_per_call = std::max<int64_t>(tokens_per_call, 1);
-  so.policy = parse_cache_policy(a.get_or("cache-policy", "s3fifo"));
-  so.io = parse_io_mode(a.get_or("io", "auto"));
-  double disk = 0;
+BudgetArgs parse_budget_args(const Args& a, int64_t tokens_per_call) {
+  BudgetArgs b;
+  b.stream.tokens_per_call = std::max<int64_t>(tokens_per_call, 1);
+  b.stream.policy = parse_cache_policy(a.get_or("cache-policy", "s3fifo"));
+  b.stream.io = parse_io_mode(a.get_or("io", "auto"));
   if (a.get("disk-gbps")) {
-    disk = a.get_double("disk-gbps", 0);
+    const double disk = a.get_double("disk-gbps", 0);
     if (!(disk > 0) || !std::isfinite(disk)) fail("--disk-gbps: expected a positive number of GB/s");
-    disk *= 1e9;
+    b.disk_bytes_per_s = disk * 1e9;
   }
   if (a.get("ram-budget")) {
     const double gb = a.get_double("ram-budget", 0);
     if (!(gb > 0) || !std::isfinite(gb)) fail("--ram-budget: expected a positive number of GB, got " + *a.get("ram-budget"));
-    bm.budget = uint64_t(gb * 1e9);
+    b.budget = uint64_t(gb * 1e9);
   } else if (a.get("cache-policy") || a.get("io") || a.get("disk-gbps")) {
     fail("--cache-policy, --io and --disk-gbps apply only with --ram-budget");
   }
+  return b;
+}
+
+BudgetedModel load_budgeted(const Args& a, const ModelDir& md, LoadOptions lo, const char* command,
+                            int64_t tokens_per_call) {
+  BudgetedModel bm;
+  const BudgetArgs b = parse_budget_args(a, tokens_per_call);
+  const StreamOptions& so = b.stream;
+  const double disk = b.disk_bytes_per_s;
+  bm.budget = b.budget;
   lo.ram_budget_bytes = bm.budget;
   if (bm.budget) {
     bm.before = read_proc_mem();

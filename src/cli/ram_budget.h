@@ -21,6 +21,16 @@ extern const char* kRamBudgetUsage;
 // `options` + ram_budget_options().
 std::vector<std::string> with_ram_budget_options(std::vector<std::string> options);
 
+// --ram-budget, --cache-policy, --io, --disk-gbps as parsed (budget 0: resident; the others
+// only with a budget). tokens_per_call: the largest forward call the command makes (its
+// working memory is held back from the budget).
+struct BudgetArgs {
+  uint64_t budget = 0;  // bytes
+  StreamOptions stream;
+  double disk_bytes_per_s = 0;  // 0: measured at load
+};
+BudgetArgs parse_budget_args(const Args& a, int64_t tokens_per_call);
+
 // A model loaded for a run, with the RSS sampler started before loading when under a budget.
 struct BudgetedModel {
   std::unique_ptr<InferenceModel> im;

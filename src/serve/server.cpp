@@ -61,7 +61,7 @@ struct Server::Impl {
   std::unique_ptr<ChatVocab> vocab;
   std::shared_ptr<const JsonVocab> json_vocab;  // response_format: each id's bytes as a trie
   K3ChatJsonIds json_ids;
-  std::unique_ptr<K3Model> model;
+  std::unique_ptr<InferenceModel> model;  // the model and, under a RAM budget, its expert stream
   std::unique_ptr<Engine> engine;
   std::string load_error;
   std::string model_name;
@@ -590,7 +590,8 @@ int Server::bind() {
 
 void Server::run() { impl_->http.listen_after_bind(); }
 
-void Server::load(const std::string& model_dir, const LoadOptions& lo) {
+void Server::load(const std::string& model_dir, const LoadOptions& lo, const StreamOptions& so,
+                  double disk_bytes_per_s) {
   try {
     const ModelDir md = open_model_dir(model_dir);
     auto vocab = std::make_unique<ChatVocab>(load_chat_vocab(md));
@@ -604,8 +605,8 @@ void Server::load(const std::string& model_dir, const LoadOptions& lo) {
       if (impl_->model_name.empty()) impl_->model_name = std::filesystem::path(model_dir).lexically_normal().filename().string();
       if (impl_->model_name.empty()) impl_->model_name = std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
     }
-    auto model = std::make_unique<K3Model>(load_model(md, lo));
-    auto engine = std::make_unique<Engine>(*model, impl_->eopt);
+    auto model = std::make_unique<InferenceModel>(load_inference_model(md, lo, so, disk_bytes_per_s));
+    auto engine = std::make_unique<Engine>(model->model, impl_->eopt);
     std::unique_lock<std::shared_mutex> lk(impl_->mu);
     impl_->model = std::move(model);
     impl_->engine = std::move(engine);
@@ -618,6 +619,11 @@ void Server::load(const std::string& model_dir, const LoadOptions& lo) {
 }
 
 bool Server::ready() const { return impl_->ready.load(); }
+
+const InferenceModel* Server::inference_model() const {
+  std::shared_lock<std::shared_mutex> lk(impl_->mu);
+  return impl_->model.get();
+}
 
 int64_t Server::shutdown(std::chrono::milliseconds deadline) {
   impl_->stopping = true;

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "infer/engine.h"
+#include "infer/weight_stream.h"
 #include "model/checkpoint.h"
 
 namespace k3::serve {
@@ -48,8 +49,12 @@ class Server {
   int bind();  // the port bound; k3::Error when the address cannot be bound
   void run();  // blocks until shutdown()
   // Reads the vocabulary and the model and starts the engine; k3::Error on bad input (the
-  // server then answers 503 with the error on /health).
-  void load(const std::string& model_dir, const LoadOptions& lo = {});
+  // server then answers 503 with the error on /health). lo.ram_budget_bytes > 0: the routed
+  // experts stream from disk under that budget (infer/weight_stream.h, with `so`).
+  void load(const std::string& model_dir, const LoadOptions& lo = {}, const StreamOptions& so = {},
+            double disk_bytes_per_s = 0);
+  // The loaded model and its expert stream (null before load).
+  const InferenceModel* inference_model() const;
   bool ready() const;
   // Stops accepting, then Engine::drain(deadline); returns the number of requests cancelled.
   int64_t shutdown(std::chrono::milliseconds deadline);
