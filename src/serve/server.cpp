@@ -8,6 +8,7 @@
 #include <ctime>
 #include <filesystem>
 #include <mutex>
+#include <thread>
 #include <random>
 #include <shared_mutex>
 
@@ -67,6 +68,21 @@ struct Server::Impl {
   std::string model_name;
   int64_t created = std::time(nullptr);
   std::atomic<bool> ready{false}, stopping{false};
+  // run()'s life, so a shutdown() that races the start of listening still stops it.
+  std::mutex run_mu;
+  bool run_entered = false;
+  std::atomic<bool> run_returned{false};
+  // httplib's stop() does nothing before listen starts: wait for it (or for run() to end).
+  void stop_http() {
+    bool entered;
+    {
+      std::lock_guard<std::mutex> lk(run_mu);
+      entered = run_entered;
+    }
+    if (!entered) return;  // run() will see `stopping` and not listen
+    while (!http.is_running() && !run_returned.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    http.stop();
+  }
 
   std::mutex counters_mu;
   ServerCounters counters;
@@ -573,7 +589,7 @@ Server::Server(ServerOptions opt, EngineOptions engine_opt)
 
 Server::~Server() {
   impl_->stopping = true;
-  impl_->http.stop();
+  impl_->stop_http();
   std::unique_lock<std::shared_mutex> lk(impl_->mu);
   impl_->engine.reset();  // before the model it reads
   impl_->model.reset();
@@ -588,7 +604,15 @@ int Server::bind() {
   return port;
 }
 
-void Server::run() { impl_->http.listen_after_bind(); }
+void Server::run() {
+  {
+    std::lock_guard<std::mutex> lk(impl_->run_mu);
+    if (impl_->stopping.load()) return;
+    impl_->run_entered = true;
+  }
+  impl_->http.listen_after_bind();
+  impl_->run_returned = true;
+}
 
 void Server::load(const std::string& model_dir, const LoadOptions& lo, const StreamOptions& so,
                   double disk_bytes_per_s) {
@@ -627,7 +651,7 @@ const InferenceModel* Server::inference_model() const {
 
 int64_t Server::shutdown(std::chrono::milliseconds deadline) {
   impl_->stopping = true;
-  impl_->http.stop();
+  impl_->stop_http();
   int64_t cancelled = 0;
   std::shared_lock<std::shared_mutex> lk(impl_->mu);
   if (impl_->engine) cancelled = impl_->engine->drain(deadline);
