@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "model/checkpoint.h"
 #include "model/init.h"
@@ -50,6 +51,17 @@ inline std::string bench_model_dir(std::string dir, const std::string& config) {
   fs::create_directories(fs::path(dir).parent_path());
   save_checkpoint(dir, w, so);
   return dir;
+}
+
+// Deterministic token ids in [0, V) (an LCG; the benchmarks' prompts).
+inline std::vector<int32_t> bench_tokens(int64_t n, int64_t V, uint64_t seed) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  uint64_t s = seed;
+  for (auto& id : ids) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    id = int32_t((s >> 33) % uint64_t(V));
+  }
+  return ids;
 }
 
 }  // namespace k3::bench

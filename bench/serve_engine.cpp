@@ -45,15 +45,7 @@ const K3Model& model() {
   return *m;
 }
 
-std::vector<int32_t> tokens(int64_t n, int64_t V, uint64_t seed) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  uint64_t s = seed;
-  for (auto& id : ids) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    id = int32_t((s >> 33) % uint64_t(V));
-  }
-  return ids;
-}
+std::vector<int32_t> tokens(int64_t n, int64_t V, uint64_t seed) { return bench::bench_tokens(n, V, seed); }
 
 // Waits for the final event of h; returns its TTFT (seconds).
 double run_to_end(RequestHandle& h) {

@@ -35,16 +35,22 @@ Json chat_choice_json(int index, const chat::ParsedOutput& out, const Json& logp
   return c;
 }
 
-Json chat_completion_json(const ResponseHead& h, const std::vector<Json>& choices, const Json& usage) {
+// The envelope every non-streamed response shares; `object` names its kind.
+static Json response_json(const char* object, const ResponseHead& h, const std::vector<Json>& choices,
+                          const Json& usage) {
   Json r = Json::object();
   r["id"] = h.id;
-  r["object"] = "chat.completion";
+  r["object"] = object;
   r["created"] = h.created;
   r["model"] = h.model;
   r["choices"] = choices;
   r["usage"] = usage;
   r["system_fingerprint"] = nullptr;
   return r;
+}
+
+Json chat_completion_json(const ResponseHead& h, const std::vector<Json>& choices, const Json& usage) {
+  return response_json("chat.completion", h, choices, usage);
 }
 
 Json delta_json(const chat::Delta& d) {
@@ -119,15 +125,7 @@ Json completion_choice_json(int index, const std::string& text, const std::strin
 }
 
 Json completion_json(const ResponseHead& h, const std::vector<Json>& choices, const Json& usage) {
-  Json r = Json::object();
-  r["id"] = h.id;
-  r["object"] = "text_completion";
-  r["created"] = h.created;
-  r["model"] = h.model;
-  r["choices"] = choices;
-  r["usage"] = usage;
-  r["system_fingerprint"] = nullptr;
-  return r;
+  return response_json("text_completion", h, choices, usage);
 }
 
 Json completion_chunk_json(const ResponseHead& h, int index, const std::string& text, const Json& finish_reason,
