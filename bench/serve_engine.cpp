@@ -68,9 +68,10 @@ GenerationRequest request(std::vector<int32_t> prompt, int64_t n) {
   return q;
 }
 
-void BM_Decode(benchmark::State& state, int64_t B) {
+// B requests of `prompt` tokens, G tokens generated each, submitted together to an engine
+// with B slots; the engine's stats after the last one ends.
+EngineStats run_batch(benchmark::State& state, int64_t B, int64_t prompt, int64_t G, uint64_t seed0) {
   const K3Model& m = model();
-  const int64_t G = 64;
   EngineOptions o;
   o.parallel = B;
   o.ctx = 1024;
@@ -78,10 +79,17 @@ void BM_Decode(benchmark::State& state, int64_t B) {
   for (auto _ : state) {
     Engine e(m, o);
     std::vector<std::shared_ptr<RequestHandle>> hs;
-    for (int64_t j = 0; j < B; ++j) hs.push_back(e.submit(request(tokens(64, m.dims().V, uint64_t(j + 1)), G)));
+    for (int64_t j = 0; j < B; ++j)
+      hs.push_back(e.submit(request(tokens(prompt, m.dims().V, seed0 + uint64_t(j)), G)));
     for (auto& h : hs) run_to_end(*h);
     st = e.stats();
   }
+  return st;
+}
+
+void BM_Decode(benchmark::State& state, int64_t B) {
+  const int64_t G = 64;
+  const EngineStats st = run_batch(state, B, 64, G, 1);
   // Every token but each request's first comes out of a batched decode step.
   const double agg = double(B * (G - 1)) / st.step_seconds;
   state.counters["agg_tok/s"] = agg;
@@ -122,19 +130,7 @@ void BM_Ttft(benchmark::State& state, bool cached) {
 }
 
 void BM_Overhead(benchmark::State& state) {
-  const K3Model& m = model();
-  const int64_t B = 16;
-  EngineOptions o;
-  o.parallel = B;
-  o.ctx = 1024;
-  EngineStats st;
-  for (auto _ : state) {
-    Engine e(m, o);
-    std::vector<std::shared_ptr<RequestHandle>> hs;
-    for (int64_t j = 0; j < B; ++j) hs.push_back(e.submit(request(tokens(32, m.dims().V, uint64_t(j + 100)), 48)));
-    for (auto& h : hs) run_to_end(*h);
-    st = e.stats();
-  }
+  const EngineStats st = run_batch(state, 16, 32, 48, 100);
   const double total = st.step_seconds + st.prefill_seconds + st.schedule_seconds;
   state.counters["schedule_share"] = st.schedule_seconds / total;
   state.counters["schedule_ms_per_step"] = 1e3 * st.schedule_seconds / double(st.steps);

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -16,6 +15,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "io/atomic_file.h"
+#include "infer/mem_probe.h"
 #include "io/vocabulary.h"
 #include "model/checkpoint.h"
 #include "train/data.h"
@@ -73,16 +73,6 @@ std::vector<double> parse_depths(const std::string& s) {
   return out;
 }
 
-// The /proc/self/status field in bytes (VmRSS, VmHWM, RssAnon).
-double status_bytes(const char* field) {
-  std::ifstream f("/proc/self/status");
-  const std::string key = std::string(field) + ":";
-  for (std::string line; std::getline(f, line);)
-    if (line.rfind(key, 0) == 0) return 1024.0 * std::atof(line.c_str() + key.size());
-  return -1;
-}
-void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
-
 struct LengthFigures {
   int64_t state_bytes = 0, formula_bytes = 0;
   double rss_growth = 0, prefill_tok_s = 0;
@@ -138,7 +128,7 @@ int cmd_eval_long(const std::vector<std::string>& args) {
 
   json out = {{"model", dir}, {"task", task_name}, {"vocabulary", vocab}, {"chunk", chunk}, {"lengths", lengths}};
   std::vector<LengthFigures> figs(lengths.size());
-  const double rss0 = status_bytes("VmRSS");
+  const double rss0 = double(read_proc_mem().vm_rss);
   if (by_position) {
     // Held-out documents (the training split's rule: every 40th, offset 20), concatenated.
     const Corpus c = load_corpus(a.get_or("data", "bible"));
@@ -153,7 +143,7 @@ int cmd_eval_long(const std::vector<std::string>& args) {
       fail("--data: the held-out text has " + std::to_string(ids.size()) + " tokens, fewer than the longest length + 1");
     json curves = json::array();
     for (size_t li = 0; li < lengths.size(); ++li) {
-      reset_peak();
+      reset_peak_rss();
       const auto t0 = std::chrono::steady_clock::now();
       const std::vector<int32_t> part(ids.begin(), ids.begin() + lengths[li] + 1);
       const std::vector<double> loss = loss_by_position(model, part, bucket, chunk);
@@ -161,7 +151,7 @@ int cmd_eval_long(const std::vector<std::string>& args) {
       figs[li].prefill_tok_s = double(lengths[li]) / s;
       figs[li].formula_bytes = decode_state_formula_bytes(model.dims(), lengths[li]);
       figs[li].state_bytes = figs[li].formula_bytes;  // loss_by_position's state is internal: the formula
-      figs[li].rss_growth = status_bytes("VmHWM") - rss0;
+      figs[li].rss_growth = double(read_proc_mem().vm_hwm) - rss0;
       curves.push_back({{"length", lengths[li]}, {"bucket", bucket}, {"loss_nats", loss}});
       std::printf("length %7lld: mean loss %.4f nats, last bucket %.4f, %.0f tok/s\n", (long long)lengths[li],
                   [&] {
@@ -181,7 +171,7 @@ int cmd_eval_long(const std::vector<std::string>& args) {
     std::printf("\n");
     std::vector<std::vector<double>> acc(depths.size(), std::vector<double>(lengths.size()));
     for (size_t li = 0; li < lengths.size(); ++li) {
-      reset_peak();
+      reset_peak_rss();
       double pre_s = 0;
       int64_t pre_tok = 0;
       for (size_t di = 0; di < depths.size(); ++di) {
@@ -208,7 +198,7 @@ int cmd_eval_long(const std::vector<std::string>& args) {
         acc[di][li] = double(right) / double(total);
       }
       figs[li].prefill_tok_s = double(pre_tok) / pre_s;
-      figs[li].rss_growth = status_bytes("VmHWM") - rss0;
+      figs[li].rss_growth = double(read_proc_mem().vm_hwm) - rss0;
       std::fprintf(stderr, "eval: length %lld done\n", (long long)lengths[li]);
     }
     for (size_t di = 0; di < depths.size(); ++di) {

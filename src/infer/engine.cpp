@@ -85,7 +85,7 @@ struct Slot {
   int64_t generated = 0;
   int32_t pending = -1;               // sampled, to be fed by the next decode step
   bool done = false;
-  std::vector<float> row;             // logits of this sequence, masked in place
+  std::vector<float> row;             // this sequence's logits, masked by its constraint
   bool prefilling() const { return st.n_tokens < int64_t(req.prompt.size()); }
 };
 
@@ -112,6 +112,7 @@ struct Engine::Impl {
   std::vector<int64_t> batch_seg;
   std::vector<DecodeState*> batch_states;
   std::vector<Slot*> batch_slots;
+  std::vector<int32_t> top_idx;  // top_logprobs candidates
   std::thread thread;
 
   Impl(const K3Model& m, EngineOptions o)
@@ -149,7 +150,6 @@ struct Engine::Impl {
   // token, at max_tokens or at the context limit.
   void emit_next(Slot& s, const float* logits) {
     const int64_t V = model.dims().V;
-    s.row.assign(logits, logits + V);
     int32_t id = -1;
     const std::vector<int32_t>& forced = opt.forced_output;
     bool forced_end = false;
@@ -158,8 +158,15 @@ struct Engine::Impl {
       else if (!s.req.stop_tokens.empty()) id = s.req.stop_tokens[0];
       else forced_end = true;
     } else {
-      if (s.req.constraint) s.req.constraint->mask(s.row.data(), V);
-      id = s.sampler->sample(s.row.data(), V);
+      // Only a constraint needs a copy (it masks in place); the model's row stays intact for
+      // the log-probabilities.
+      const float* row = logits;
+      if (s.req.constraint) {
+        s.row.assign(logits, logits + V);
+        s.req.constraint->mask(s.row.data(), V);
+        row = s.row.data();
+      }
+      id = s.sampler->sample(row, V);
     }
     if (forced_end) {
       finish(s, "length");
@@ -184,7 +191,8 @@ struct Engine::Impl {
       const double lz = mx + std::log(z);
       ev.logprob = float(double(logits[id]) - lz);
       if (s.req.top_logprobs > 0) {
-        std::vector<int32_t> idx(static_cast<size_t>(V));
+        std::vector<int32_t>& idx = top_idx;  // reused: no allocation per token
+        idx.resize(size_t(V));
         for (int64_t i = 0; i < V; ++i) idx[size_t(i)] = int32_t(i);
         const int64_t n = std::min<int64_t>(s.req.top_logprobs, V);
         std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {

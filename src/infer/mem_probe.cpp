@@ -22,7 +22,7 @@ int64_t field_kb(const char* line, const char* key) {
 }  // namespace
 
 ProcMem read_proc_mem() {
-  ProcMem m{-1, -1, -1};
+  ProcMem m{-1, -1, -1, -1};
   std::FILE* f = std::fopen("/proc/self/status", "r");
   if (!f) return m;
   char line[256];
@@ -31,9 +31,17 @@ ProcMem read_proc_mem() {
     if ((v = field_kb(line, "RssAnon:")) >= 0) m.rss_anon = v;
     else if ((v = field_kb(line, "RssFile:")) >= 0) m.rss_file = v;
     else if ((v = field_kb(line, "VmRSS:")) >= 0) m.vm_rss = v;
+    else if ((v = field_kb(line, "VmHWM:")) >= 0) m.vm_hwm = v;
   }
   std::fclose(f);
   return m;
+}
+
+bool reset_peak_rss() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (!f) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
 }
 
 int64_t system_page_cache_bytes() {

@@ -11,8 +11,12 @@ namespace k3 {
 
 struct ProcMem {
   int64_t rss_anon = 0, rss_file = 0, vm_rss = 0;  // bytes (-1: not reported by this kernel)
+  int64_t vm_hwm = 0;                              // peak resident since start or the last reset
 };
 ProcMem read_proc_mem();            // this process, now
+// Resets VmHWM to the current resident size (/proc/self/clear_refs, Linux >= 4.0); false where
+// it cannot be written (then VmHWM keeps the whole run's peak).
+bool reset_peak_rss();
 int64_t system_page_cache_bytes();  // /proc/meminfo Cached, -1 if unreadable
 
 // Samples read_proc_mem() every period_ms from construction until stop() / destruction.
