@@ -1,4 +1,4 @@
-// `k3cpp eval <model dir> --task passkey|mqar|vartrack|loss-by-position ...`: long-context
+// `k3cpp eval <model dir> --task passkey|mqar|vartrack|mixed|loss-by-position ...`: long-context
 // evaluation (train/long_tasks.h, train/long_eval.h). Generated tasks are scored exactly over
 // a depth x length grid; loss-by-position runs held-out text longer than the training length.
 // Every length also reports the decode state's bytes against the formula, the process's
@@ -28,15 +28,17 @@ namespace {
 using json = nlohmann::json;
 
 const char* kUsage =
-    "usage: k3cpp eval <model dir> --task passkey|mqar|vartrack|loss-by-position\n"
+    "usage: k3cpp eval <model dir> --task passkey|mqar|vartrack|mixed|loss-by-position\n"
     "                  [--lengths 1K,2K,...] [--depths 0,0.25,0.5,0.75,1] [--samples N] [--pairs N]\n"
-    "                  [--queries N] [--chunk N] [--bucket N] [--data SPEC] [--seed N] [--threads N]\n"
+    "                  [--queries N] [--hops N] [--chunk N] [--bucket N] [--data SPEC] [--seed N] [--threads N]\n"
     "                  [--json out.json]\n"
     "  --lengths   sample lengths in tokens (K = 1024), default 1K,2K,4K\n"
     "  --depths    passkey: where the key sits; vartrack: where the chain starts (default 0,0.25,0.5,0.75,1)\n"
     "  --samples   samples per grid cell (default 5)\n"
-    "  --pairs     mqar: key-value pairs (default 16); vartrack: chain hops (default 4)\n"
-    "  --queries   mqar: pairs asked (default 8)\n"
+    "  --pairs     mqar, mixed: key-value pairs (default 16); vartrack: chain hops (default 4)\n"
+    "  --queries   mqar, mixed: pairs asked (default 8)\n"
+    "  --hops      mixed: hops of its variable chain (default 2); mixed scores every query\n"
+    "              (pass key, pairs, chain) and shuffles the evidence over the window (no depths)\n"
     "  --chunk     prefill chunk (default 512): memory is the decode state plus one chunk\n"
     "  --bucket    loss-by-position: positions per bucket (default 256)\n"
     "  --data      loss-by-position: corpus of held-out text ('bible' or a path; default bible)\n";
@@ -93,7 +95,7 @@ json figures_json(const std::vector<int64_t>& lengths, const std::vector<LengthF
 
 int cmd_eval_long(const std::vector<std::string>& args) {
   Args a(args,
-         {"task", "lengths", "depths", "samples", "pairs", "queries", "chunk", "bucket", "data", "seed", "threads",
+         {"task", "lengths", "depths", "samples", "pairs", "queries", "hops", "chunk", "bucket", "data", "seed", "threads",
           "json"},
          {"help"}, "eval");
   if (a.flag("help")) {
@@ -106,12 +108,14 @@ int cmd_eval_long(const std::vector<std::string>& args) {
   const bool by_position = task_name == "loss-by-position";
   const LongTask task = by_position ? LongTask::passkey : parse_long_task(task_name);
   const std::vector<int64_t> lengths = parse_lengths(a.get_or("lengths", "1K,2K,4K"));
-  const std::vector<double> depths = task == LongTask::mqar || by_position ? std::vector<double>{0.0}
+  const bool no_depth = task == LongTask::mqar || task == LongTask::mixed || by_position;
+  const std::vector<double> depths = no_depth ? std::vector<double>{0.0}
                                                                            : parse_depths(a.get_or("depths", "0,0.25,0.5,0.75,1"));
   const int64_t samples = a.get_int("samples", 5), chunk = a.get_int("chunk", 512), bucket = a.get_int("bucket", 256);
   const int64_t pairs = a.get_int("pairs", task == LongTask::vartrack ? 4 : 16), queries = a.get_int("queries", 8);
-  if (samples < 1 || chunk < 1 || bucket < 1 || pairs < 1 || queries < 1)
-    fail("--samples, --chunk, --bucket, --pairs and --queries must be positive");
+  const int64_t hops = a.get_int("hops", 2);
+  if (samples < 1 || chunk < 1 || bucket < 1 || pairs < 1 || queries < 1 || hops < 1)
+    fail("--samples, --chunk, --bucket, --pairs, --queries and --hops must be positive");
   set_num_threads(int(a.get_int("threads", 0)));
 
   const ModelDir md = open_model_dir(dir);
@@ -183,6 +187,7 @@ int cmd_eval_long(const std::vector<std::string>& args) {
           o.depth = depths[di];
           o.pairs = pairs;
           o.queries = std::min(queries, pairs);
+          o.hops = hops;
           o.seed = uint64_t(a.get_int("seed", 0)) * 1000003u + uint64_t(k) * 7919u + li * 131u + di;
           const LongSample s = make_long_sample(enc, o);
           const LongScore r = score_long_sample(model, s, chunk);

@@ -68,13 +68,28 @@ std::vector<int32_t> spread(const std::vector<int32_t>& unit, const std::vector<
   return out;
 }
 
+// n random fractions in [0, 1), sorted (spread() places pieces in order): where the shuffled
+// pieces of a mixed sample go.
+std::vector<double> random_fractions(Rng& rng, size_t n) {
+  std::vector<double> at(n);
+  for (double& a : at) a = double(rng.below(1 << 20)) / double(1 << 20);
+  std::sort(at.begin(), at.end());
+  return at;
+}
+
+template <typename T>
+void shuffle(Rng& rng, std::vector<T>& v) {
+  for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[size_t(rng.below(int64_t(i)))]);
+}
+
 }  // namespace
 
 LongTask parse_long_task(const std::string& name) {
   if (name == "passkey") return LongTask::passkey;
   if (name == "mqar") return LongTask::mqar;
   if (name == "vartrack") return LongTask::vartrack;
-  fail("--task: expected passkey, mqar, vartrack or loss-by-position, got '" + name + "'");
+  if (name == "mixed") return LongTask::mixed;
+  fail("--task: expected passkey, mqar, vartrack, mixed or loss-by-position, got '" + name + "'");
 }
 
 const char* long_task_name(LongTask t) {
@@ -82,6 +97,7 @@ const char* long_task_name(LongTask t) {
     case LongTask::passkey: return "passkey";
     case LongTask::mqar: return "mqar";
     case LongTask::vartrack: return "vartrack";
+    case LongTask::mixed: return "mixed";
   }
   return "?";
 }
@@ -163,6 +179,50 @@ LongSample make_long_sample(const TextEncoder& enc, const LongTaskOptions& o) {
       const int64_t len = o.length - int64_t(enc(" " + value).size());
       s.ids = spread(unit, enc("Follow the variable assignments."), pieces, at, tail, len, "vartrack");
       add_query(" " + value);
+      break;
+    }
+    case LongTask::mixed: {
+      if (o.pairs < 1 || o.queries < 1 || o.queries > o.pairs || o.hops < 1)
+        fail("mixed: needs 1 <= queries <= pairs and at least one hop");
+      // The three sub-tasks' evidence, every piece at a random place of the window.
+      const std::string key = rng.digits(5);
+      std::vector<std::vector<int32_t>> pieces = {enc(" The pass key is " + key + ".")};
+      std::vector<std::string> keys, vals;
+      for (int64_t i = 0; i < o.pairs; ++i) {
+        std::string k;
+        do k = rng.word(3);
+        while (std::find(keys.begin(), keys.end(), k) != keys.end());
+        keys.push_back(k);
+        vals.push_back(rng.digits(4));
+        pieces.push_back(enc(" " + k + ": " + vals.back() + "."));
+      }
+      std::vector<std::string> names;
+      for (int64_t i = 0; i <= o.hops; ++i) names.push_back(rng.word(1) + std::to_string(i) + rng.word(2));
+      const std::string value = rng.digits(5);
+      for (int64_t i = 0; i <= o.hops; ++i)
+        pieces.push_back(enc(" VAR " + names[size_t(i)] + " = " + (i == 0 ? value : names[size_t(i - 1)]) + "."));
+      shuffle(rng, pieces);
+      // The questions, in a random order: the pass key, `queries` of the pairs, the chain's end.
+      struct Ask {
+        std::string prompt, answer, after;
+      };
+      std::vector<Ask> asks = {{" The pass key is", " " + key, "."},
+                               {" VAR " + names.back() + " is", " " + value, "."}};
+      std::vector<int64_t> pick(size_t(o.pairs));
+      for (int64_t i = 0; i < o.pairs; ++i) pick[size_t(i)] = i;
+      shuffle(rng, pick);
+      for (int64_t q = 0; q < o.queries; ++q)
+        asks.push_back({" " + keys[size_t(pick[size_t(q)])] + ":", " " + vals[size_t(pick[size_t(q)])], "."});
+      shuffle(rng, asks);
+      int64_t ask_tokens = 0;
+      for (const Ask& q : asks) ask_tokens += int64_t(enc(q.prompt).size() + enc(q.answer).size() + enc(q.after).size());
+      s.ids = spread(unit, enc("Remember the pass key, every key's value and every variable."), pieces,
+                     random_fractions(rng, pieces.size()), enc(" Now answer."), o.length - ask_tokens, "mixed");
+      for (const Ask& q : asks) {
+        append(s.ids, enc(q.prompt));
+        add_query(q.answer);
+        append(s.ids, enc(q.after));
+      }
       break;
     }
   }

@@ -49,6 +49,40 @@ void positive(const std::string& path, const std::string& field, double v) {
   if (!(v > 0)) fail_input(path, field, "must be positive");
 }
 
+LongTaskMix parse_long_task_mix(const json& j, const std::string& path, const std::string& field) {
+  if (!j.is_object()) fail_input(path, field, "expected an object {fraction, tasks, pairs, queries, hops}");
+  LongTaskMix m;
+  Reader rd{j, path, field + ".", {}};
+  rd.get("fraction", m.fraction);
+  rd.get("pairs", m.pairs);
+  rd.get("queries", m.queries);
+  rd.get("hops", m.hops);
+  rd.known.insert("tasks");
+  rd.check_unknown();
+  if (!(m.fraction > 0 && m.fraction <= 1)) fail_input(path, field + ".fraction", "must be in (0, 1]");
+  if (!j.contains("tasks") || !j["tasks"].is_array() || j["tasks"].empty())
+    fail_input(path, field + ".tasks", "missing or empty (a list of passkey, mqar, vartrack, mixed)");
+  for (size_t i = 0; i < j["tasks"].size(); ++i) {
+    const json& t = j["tasks"][i];
+    const std::string f = field + ".tasks[" + std::to_string(i) + "]";
+    if (!t.is_string()) fail_input(path, f, "expected a task name");
+    const std::string name = t.get<std::string>();
+    if (name != "passkey" && name != "mqar" && name != "vartrack" && name != "mixed")
+      fail_input(path, f, "expected passkey, mqar, vartrack or mixed, got '" + name + "'");
+    m.tasks.push_back(parse_long_task(name));
+  }
+  if (m.pairs < 1) fail_input(path, field + ".pairs", "must be at least 1");
+  if (m.queries < 1 || m.queries > m.pairs) fail_input(path, field + ".queries", "must be in [1, pairs]");
+  if (m.hops < 1) fail_input(path, field + ".hops", "must be at least 1");
+  return m;
+}
+
+json long_task_mix_json(const LongTaskMix& m) {
+  json tasks = json::array();
+  for (LongTask t : m.tasks) tasks.push_back(long_task_name(t));
+  return {{"fraction", m.fraction}, {"tasks", tasks}, {"pairs", m.pairs}, {"queries", m.queries}, {"hops", m.hops}};
+}
+
 }  // namespace
 
 RunConfig parse_run_config(const std::string& text, const std::string& path) {
@@ -154,7 +188,9 @@ RunConfig parse_run_config(const std::string& text, const std::string& path) {
     sr.get("lr_end", s.lr_end);
     sr.get("warmup_steps", s.warmup_steps);
     sr.get("decay_frac", s.decay_frac);
+    sr.known.insert("long_tasks");
     sr.check_unknown();
+    if (sj.contains("long_tasks")) s.long_tasks = parse_long_task_mix(sj["long_tasks"], path, pre + "long_tasks");
     if (s.seq_len < 2) fail_input(path, pre + "seq_len", "must be at least 2");
     if (s.tokens <= 0) fail_input(path, pre + "tokens", "must be positive");
     positive(path, pre + "lr_peak", s.lr_peak);
@@ -236,9 +272,14 @@ std::string run_config_to_json(const RunConfig& r) {
   j["sample_tokens"] = r.sample_tokens;
   j["sample_temperature"] = r.sample_temperature;
   j["stages"] = json::array();
-  for (auto& s : r.stages)
-    j["stages"].push_back({{"name", s.name}, {"seq_len", s.seq_len}, {"tokens", s.tokens}, {"lr_peak", s.lr_peak},
-                           {"lr_end", s.lr_end}, {"warmup_steps", s.warmup_steps}, {"decay_frac", s.decay_frac}});
+  for (auto& s : r.stages) {
+    json sj = {{"name", s.name},       {"seq_len", s.seq_len}, {"tokens", s.tokens},
+               {"lr_peak", s.lr_peak}, {"lr_end", s.lr_end},   {"warmup_steps", s.warmup_steps},
+               {"decay_frac", s.decay_frac}};
+    // Only when set, so the fingerprint of a run without long tasks is what it always was.
+    if (s.long_tasks.active()) sj["long_tasks"] = long_task_mix_json(s.long_tasks);
+    j["stages"].push_back(sj);
+  }
   return j.dump(2) + "\n";
 }
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "train/long_mix.h"
+
 namespace k3 {
 
 // One progressive-context stage (K3: 8K, 64K, 256K, 1M; scaled to the machine): its
@@ -19,6 +21,9 @@ struct StageConfig {
   double lr_peak = 3e-3, lr_end = 3e-3;
   int64_t warmup_steps = 0;
   double decay_frac = 0.0;
+  // {"fraction": f, "tasks": [...], "pairs": n, "queries": n, "hops": n} (train/long_mix.h):
+  // generated long-range tasks replace a share f of the stage's sequences. Off by default.
+  LongTaskMix long_tasks;
 };
 
 // The vocabulary the run trains with (the run file's "tokenizer"):

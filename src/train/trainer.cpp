@@ -23,6 +23,7 @@
 #include "model/init.h"
 #include "train/balancer.h"
 #include "train/data.h"
+#include "train/long_mix.h"
 #include "train/metrics.h"
 #include "train/model_grad.h"
 #include "train/trainer_internal.h"
@@ -187,6 +188,12 @@ void Trainer::Impl::setup() {
     if (int64_t(data.heldout.size()) < s.seq_len + 1)
       fail_input(run.path, "stages[" + std::to_string(i) + "].seq_len",
                  "is longer than the held-out stream (" + std::to_string(data.heldout.size()) + " tokens)");
+    // A stage too short for its long-range tasks fails now, naming the field, not at its first step.
+    try {
+      check_long_task_mix(s.long_tasks, [this](const std::string& t) { return vocab.encode(t); }, s.seq_len);
+    } catch (const Error& e) {
+      fail_input(run.path, "stages[" + std::to_string(i) + "].long_tasks", e.what());
+    }
   }
 
   if (opt.resume) {
@@ -359,8 +366,14 @@ StepStats Trainer::Impl::train_step() {
   routing.resize(size_t(nseq));
   results.resize(size_t(nseq));
   double loss_sum = 0, aux_sum = 0;
+  int64_t long_seqs = 0;
+  const TextEncoder encode = [this](const std::string& text) { return vocab.encode(text); };
   for (int64_t mb = 0; mb < nmicro; ++mb) {
-    for (int64_t s = 0; s < nseq; ++s) stream->next(seqs.data() + s * (T + 1));
+    for (int64_t s = 0; s < nseq; ++s) {
+      int32_t* seq = seqs.data() + s * (T + 1);
+      stream->next(seq);  // advances even when replaced: the data position never depends on the mix
+      long_seqs += mix_long_sample(sc.long_tasks, encode, run.seed, st.step, mb * nseq + s, T, seq);
+    }
     for_each_sequence(nseq, P, par, [&](int64_t s, int tid) {
       results[size_t(s)] = forward_backward(*model, seqs.data() + s * (T + 1), T, scale, grads[size_t(tid)].data<float>(),
                                             *scratch[size_t(tid)], loss_opt, balancer ? &routing[size_t(s)] : nullptr);
@@ -420,6 +433,7 @@ StepStats Trainer::Impl::train_step() {
               {"tokens", st.tokens_seen}, {"tokens_per_s", double(targets) / dt}, {"seconds", dt}, {"seconds_fwd_bwd", t_fb},
               {"seconds_update", t_opt},  {"maxvio", mv}};
     if (loss_opt.aux_alpha > 0) j["aux_loss"] = aux_sum / double(nmicro * nseq);
+    if (sc.long_tasks.active()) j["long_task_seqs"] = long_seqs;  // sequences replaced by long-range tasks
     if (balancer && (stage_end || eval_step || st.step == 1)) j["loads"] = balancer->last_loads();
     metrics.write(j);
   }

@@ -1,0 +1,65 @@
+// Long-range tasks in a training stage (see long_mix.h).
+#include "train/long_mix.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace k3 {
+
+namespace {
+
+uint64_t mix64(uint64_t z) {  // splitmix64 finaliser: decorrelates (seed, step, index)
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+LongTaskOptions options_for(const LongTaskMix& mix, LongTask task, int64_t T, uint64_t h) {
+  LongTaskOptions o;
+  o.task = task;
+  o.length = T + 1;
+  o.depth = double((h >> 20) % 1001) / 1000.0;
+  o.pairs = task == LongTask::vartrack ? mix.hops : mix.pairs;
+  o.queries = std::min(mix.queries, o.pairs);
+  o.hops = std::max<int64_t>(1, mix.hops / 2);
+  o.seed = mix64(h + 1);
+  return o;
+}
+
+}  // namespace
+
+void check_long_task_mix(const LongTaskMix& mix, const TextEncoder& enc, int64_t T) {
+  if (!mix.active()) return;
+  for (LongTask t : mix.tasks)
+    for (uint64_t seed = 0; seed < 4; ++seed) make_long_sample(enc, options_for(mix, t, T, mix64(seed)));
+}
+
+bool mix_long_sample(const LongTaskMix& mix, const TextEncoder& enc, uint64_t seed, int64_t step, int64_t index,
+                     int64_t T, int32_t* out) {
+  if (!mix.active()) return false;
+  const uint64_t h = mix64(mix64(mix64(seed ^ 0x6c6f6e67ull) + uint64_t(step)) + uint64_t(index));
+  if (double(h >> 11) * 0x1.0p-53 >= mix.fraction) return false;
+  const uint64_t h2 = mix64(h);
+  const LongTask task = mix.tasks[size_t(h2 % mix.tasks.size())];
+  // With a BPE vocabulary a sample's fixed text varies a little with its random keys; a draw
+  // that does not fit (the stage was checked to hold most) is redrawn, deterministically.
+  LongSample s;
+  for (uint64_t attempt = 0;; ++attempt) {
+    try {
+      s = make_long_sample(enc, options_for(mix, task, T, h2 + attempt * 0x9e3779b97f4a7c15ull));
+      break;
+    } catch (const Error&) {
+      if (attempt == 7) throw;
+    }
+  }
+  // The generators hit the length exactly; keep the contract even if an encoder merges
+  // across piece boundaries: trim the head's first ids or pad them with the first id.
+  const int64_t n = int64_t(s.ids.size()), skip = std::max<int64_t>(0, n - (T + 1));
+  const int64_t pad = std::max<int64_t>(0, (T + 1) - n);
+  std::fill(out, out + pad, s.ids.front());
+  std::copy(s.ids.begin() + skip, s.ids.end(), out + pad);
+  return true;
+}
+
+}  // namespace k3

@@ -1,0 +1,34 @@
+// Long-range tasks mixed into a training stage (issue 16; K3_REFERENCE section 13: K3's later
+// stages train on synthetic tasks whose evidence is spread over the whole window). A stage's
+// "long_tasks" replaces a fraction of its sequences by generated samples (train/long_tasks.h)
+// of exactly the stage's length; the loss stays the plain next-token loss over every target,
+// answers included. Which sequences are replaced, and by what, depends only on the run seed,
+// the step and the sequence's index in the global batch, so exact resume needs no new state
+// and any split of the batch (threads, data-parallel ranks) sees the same data.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "train/long_tasks.h"
+
+namespace k3 {
+
+struct LongTaskMix {
+  double fraction = 0;          // share of the stage's sequences replaced (0: off)
+  std::vector<LongTask> tasks;  // drawn uniformly per replaced sequence
+  int64_t pairs = 8;            // MQAR / mixed key-value pairs
+  int64_t queries = 4;          // MQAR / mixed pairs asked
+  int64_t hops = 4;             // vartrack hops (mixed: half, at least 1)
+  bool active() const { return fraction > 0 && !tasks.empty(); }
+};
+
+// Whether sequence `index` of step `step` is replaced; if so writes T + 1 ids into `out`
+// (a sample of T + 1 tokens: its last answer ends at the last target) and returns true.
+bool mix_long_sample(const LongTaskMix& mix, const TextEncoder& enc, uint64_t seed, int64_t step, int64_t index,
+                     int64_t T, int32_t* out);
+
+// k3::Error (the generator's, naming the task) when a sequence of T + 1 tokens cannot hold one
+// of the mix's tasks; a no-op for an inactive mix.
+void check_long_task_mix(const LongTaskMix& mix, const TextEncoder& enc, int64_t T);
+
+}  // namespace k3

@@ -1,0 +1,229 @@
+// Long-range tasks in training (train/long_mix.h, the `mixed` task of train/long_tasks.h):
+//  - a mixed sample has its length, every answer's evidence sits before its query, and the
+//    sub-tasks' pieces are shuffled over the window (not in a fixed order);
+//  - the mix replaces about its fraction of sequences, deterministically in (seed, step,
+//    index), writing exactly T + 1 ids and leaving the others untouched;
+//  - the run file's stage "long_tasks" parses, names the field on bad input and round-trips;
+//  - a run with long tasks in its second stage logs the replaced sequences there only, and
+//    stopping and resuming it gives the straight run's losses bit for bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+
+#include "core/error.h"
+#include "io/tokenizer.h"
+#include "train/long_mix.h"
+#include "train/run_config.h"
+#include "train/trainer.h"
+#include "test_trainer_util.h"
+
+using namespace k3;
+using namespace k3::test;
+
+namespace {
+
+const ByteTokenizer& bytes() {
+  static const ByteTokenizer t;
+  return t;
+}
+std::vector<int32_t> enc(const std::string& s) { return bytes().encode(s); }
+std::string dec(const std::vector<int32_t>& ids, size_t a, size_t b) {
+  return bytes().decode(std::vector<int32_t>(ids.begin() + long(a), ids.begin() + long(b)));
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(LongMix, MixedSampleHoldsEveryAnswerBeforeItsQueryInShuffledOrder) {
+  std::set<size_t> passkey_rank;  // where the pass key sits among the evidence pieces
+  for (uint64_t seed = 0; seed < 12; ++seed) {
+    LongTaskOptions o;
+    o.task = LongTask::mixed;
+    o.length = 900;
+    o.pairs = 5;
+    o.queries = 3;
+    o.hops = 2;
+    o.seed = seed;
+    const LongSample s = make_long_sample(enc, o);
+    EXPECT_EQ(int64_t(s.ids.size()), 900);
+    ASSERT_EQ(s.queries.size(), 5u);  // the pass key, the chain's end, 3 pairs
+    EXPECT_EQ(s.queries.back().at + int64_t(s.queries.back().answer.size()) + 1, 900);  // then "."
+    const size_t ask0 = size_t(s.queries.front().at);
+    const std::string evidence = dec(s.ids, 0, ask0);
+    const size_t end_of_evidence = evidence.find(" Now answer.");
+    ASSERT_NE(end_of_evidence, std::string::npos);
+    int passkey = 0, chain = 0, pair = 0;
+    for (const LongQuery& q : s.queries) {
+      const std::string before = dec(s.ids, 0, size_t(q.at));
+      const std::string value = q.answer_text.substr(1);
+      if (before.size() >= 16 && before.compare(before.size() - 16, 16, " The pass key is") == 0) {
+        ++passkey;
+        const size_t at = evidence.find(" The pass key is " + value + ".");
+        ASSERT_LT(at, end_of_evidence);
+        // Rank of the pass key among the pieces: the pair and chain pieces before it (one ":" or "=" each).
+        passkey_rank.insert(size_t(std::count(evidence.begin(), evidence.begin() + long(at), ':') +
+                                   std::count(evidence.begin(), evidence.begin() + long(at), '=')));
+      } else if (before.compare(before.size() - 3, 3, " is") == 0) {
+        ++chain;  // " VAR name is": follow name back to the value
+        const size_t var = before.rfind(" VAR ");
+        std::string name = before.substr(var + 5, before.size() - var - 8);
+        for (int hop = 0; hop < 3 && name != value; ++hop) {
+          const size_t def = evidence.find(" VAR " + name + " = ");
+          ASSERT_LT(def, end_of_evidence) << name;
+          const size_t rhs = def + 5 + name.size() + 3;
+          name = evidence.substr(rhs, evidence.find('.', rhs) - rhs);
+        }
+        EXPECT_EQ(name, value);
+      } else {
+        ++pair;
+        const size_t sp = before.rfind(' ');
+        const std::string key = before.substr(sp + 1, before.size() - sp - 2);
+        EXPECT_LT(evidence.find(" " + key + ": " + value + "."), end_of_evidence) << key;
+      }
+    }
+    EXPECT_EQ(passkey, 1);
+    EXPECT_EQ(chain, 1);
+    EXPECT_EQ(pair, 3);
+  }
+  EXPECT_GE(passkey_rank.size(), 3u) << "the pass key always sits at the same rank: the pieces are not shuffled";
+}
+
+TEST(LongMix, ReplacesItsFractionDeterministically) {
+  LongTaskMix mix;
+  mix.fraction = 0.3;
+  mix.tasks = {LongTask::passkey, LongTask::mqar, LongTask::vartrack, LongTask::mixed};
+  mix.pairs = 3, mix.queries = 2, mix.hops = 2;
+  const int64_t T = 400;
+  std::vector<int32_t> a(T + 1), b(T + 1);
+  int replaced = 0;
+  std::set<int32_t> firsts;
+  for (int64_t i = 0; i < 1000; ++i) {
+    std::fill(a.begin(), a.end(), -7);
+    std::fill(b.begin(), b.end(), -7);
+    const bool ra = mix_long_sample(mix, enc, 11, i / 10, i % 10, T, a.data());
+    const bool rb = mix_long_sample(mix, enc, 11, i / 10, i % 10, T, b.data());
+    ASSERT_EQ(ra, rb);
+    EXPECT_EQ(a, b);
+    if (ra) {
+      ++replaced;
+      for (int32_t id : a) ASSERT_TRUE(id >= 0 && id < 256) << "not every one of the T + 1 ids was written";
+      firsts.insert(a[size_t(a.size() / 2)]);
+    } else {
+      EXPECT_EQ(a, std::vector<int32_t>(T + 1, -7)) << "an unreplaced sequence was written";
+    }
+  }
+  EXPECT_NEAR(replaced / 1000.0, 0.3, 0.05);
+  EXPECT_GT(firsts.size(), 3u);
+  // Another seed picks other sequences.
+  int same = 0;
+  for (int64_t i = 0; i < 200; ++i)
+    same += mix_long_sample(mix, enc, 11, 0, i, T, a.data()) == mix_long_sample(mix, enc, 12, 0, i, T, b.data());
+  EXPECT_LT(same, 190);
+  LongTaskMix off;
+  EXPECT_FALSE(mix_long_sample(off, enc, 11, 0, 0, T, a.data()));
+  EXPECT_NE(error_of([&] { check_long_task_mix(mix, enc, 100); }).find("cannot hold"), std::string::npos);
+  EXPECT_NO_THROW(check_long_task_mix(mix, enc, T));
+}
+
+TEST(LongMix, RunFileStageFieldParsesNamesErrorsAndRoundTrips) {
+  auto run = tiny_run();
+  run["stages"][1]["long_tasks"] = {{"fraction", 0.25}, {"tasks", {"passkey", "mixed"}}, {"pairs", 4}, {"queries", 2}};
+  const RunConfig r = parse_run_config(run.dump(), "/tmp/run.json");
+  EXPECT_FALSE(r.stages[0].long_tasks.active());
+  ASSERT_TRUE(r.stages[1].long_tasks.active());
+  EXPECT_EQ(r.stages[1].long_tasks.fraction, 0.25);
+  EXPECT_EQ(r.stages[1].long_tasks.tasks, (std::vector<LongTask>{LongTask::passkey, LongTask::mixed}));
+  EXPECT_EQ(r.stages[1].long_tasks.pairs, 4);
+  const RunConfig back = parse_run_config(run_config_to_json(r), "/tmp/run.json");
+  EXPECT_EQ(run_config_to_json(back), run_config_to_json(r));
+  EXPECT_EQ(back.stages[1].long_tasks.tasks, r.stages[1].long_tasks.tasks);
+  // A run without long tasks serialises as it did before they existed.
+  EXPECT_EQ(run_config_to_json(parse_run_config(tiny_run().dump(), "/tmp/run.json")).find("long_tasks"), std::string::npos);
+
+  auto bad = [&](const nlohmann::json& lt) {
+    auto j = tiny_run();
+    j["stages"][1]["long_tasks"] = lt;
+    return error_of([&] { parse_run_config(j.dump(), "/tmp/run.json"); });
+  };
+  EXPECT_NE(bad({{"fraction", 0}, {"tasks", {"passkey"}}}).find("stages[1].long_tasks.fraction"), std::string::npos);
+  EXPECT_NE(bad({{"fraction", 0.5}, {"tasks", {"needle"}}}).find("stages[1].long_tasks.tasks[0]"), std::string::npos);
+  EXPECT_NE(bad({{"fraction", 0.5}}).find("stages[1].long_tasks.tasks"), std::string::npos);
+  EXPECT_NE(bad({{"fraction", 0.5}, {"tasks", {"mqar"}}, {"pairs", 2}, {"queries", 3}}).find("long_tasks.queries"),
+            std::string::npos);
+  EXPECT_NE(bad({{"fraction", 0.5}, {"tasks", {"mqar"}}, {"share", 1}}).find("long_tasks.share"), std::string::npos);
+  EXPECT_NE(bad("half").find("stages[1].long_tasks"), std::string::npos);
+}
+
+namespace {
+
+nlohmann::json run_with_long_tasks() {
+  auto run = tiny_run();
+  run["micro_batch_tokens"] = 256;
+  run["stages"][1]["seq_len"] = 256;
+  run["stages"][1]["long_tasks"] = {{"fraction", 0.5},
+                                    {"tasks", {"passkey", "mqar", "vartrack", "mixed"}},
+                                    {"pairs", 2},
+                                    {"queries", 1},
+                                    {"hops", 2}};
+  return run;
+}
+
+TrainResult train(const std::string& run_path, const std::string& out, bool resume, int64_t stop = -1) {
+  TrainOptions o;
+  o.out_dir = out;
+  o.resume = resume;
+  o.stop_at_step = stop;
+  o.quiet = true;
+  Trainer t(load_run_config(run_path), o);
+  return t.run();
+}
+
+}  // namespace
+
+TEST(LongMix, TrainingStageUsesThemAndResumesExactly) {
+  TrainTempDir t;
+  const std::string run = write_run_files(t.path, run_with_long_tasks());
+  ASSERT_TRUE(train(run, t.sub("a"), false).complete);
+  // Stage 1 (steps 1-6) has no long tasks; stage 2 (steps 7-10, one sequence a step) has them.
+  std::istringstream in(read_text(t.sub("a/metrics.jsonl")));
+  std::string line;
+  int64_t long_total = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["type"] != "step") continue;
+    if (j["stage"] == 0) {
+      EXPECT_FALSE(j.contains("long_task_seqs")) << line;
+    }
+    if (j["stage"] == 1) {
+      ASSERT_TRUE(j.contains("long_task_seqs")) << line;
+      long_total += j["long_task_seqs"].get<int64_t>();
+    }
+  }
+  EXPECT_GT(long_total, 0) << "no sequence of stage 2 was replaced (fraction 0.5 over 4 sequences)";
+  ASSERT_FALSE(train(run, t.sub("b"), false, 8).complete);
+  ASSERT_TRUE(train(run, t.sub("b"), true).complete);
+  const auto la = step_losses(t.sub("a/metrics.jsonl")), lb = step_losses(t.sub("b/metrics.jsonl"));
+  ASSERT_EQ(la.size(), lb.size());
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i].second, lb[i].second) << "step " << la[i].first;
+  EXPECT_TRUE(read_text(t.sub("a/checkpoint/model.safetensors")) == read_text(t.sub("b/checkpoint/model.safetensors")));
+}
+
+TEST(LongMix, StageTooShortForItsTasksIsRefusedNamingTheField) {
+  TrainTempDir t;
+  auto j = run_with_long_tasks();
+  j["stages"][0]["long_tasks"] = {{"fraction", 0.5}, {"tasks", {"passkey"}}};  // seq_len 32
+  const std::string run = write_run_files(t.path, j);
+  const std::string e = error_of([&] { train(run, t.sub("a"), false); });
+  EXPECT_NE(e.find("stages[0].long_tasks"), std::string::npos) << e;
+  EXPECT_NE(e.find("cannot hold"), std::string::npos) << e;
+}
