@@ -1,5 +1,6 @@
 // `k3cpp generate <model dir> (--ids 1,2,3 | --prompt TEXT) [--max-tokens N] [--temperature T]
-//                  [--top-k K] [--top-p P] [--seed S] [--stop ID,...] [--ids-out] [--threads N]`
+//                  [--top-k K] [--top-p P] [--seed S] [--stop ID,...] [--speculate K] [--ids-out]
+//                  [--threads N]`
 // Prefills the prompt (infer/session.h), then samples (infer/sampler.h) and decodes one token
 // at a time, streaming to stdout as tokens are produced: text through io/stream_decoder.h (a
 // character split across tokens is printed once complete, never as partial UTF-8), or ids
@@ -7,7 +8,8 @@
 // --prompt and decodes: tiktoken.model (+ tokenizer_config.json) when present, else the k3cpp
 // byte tokenizer (tokenizer.json); a line on stderr says which. Generation ends at a stop token
 // (not printed; default: the vocabulary's EOS, [EOS] or <|eos|>) or after --max-tokens. Prefill
-// and decode speeds go to stderr.
+// and decode speeds go to stderr. --speculate K (greedy only): n-gram drafts of up to K tokens
+// verified by the model (infer/speculative.h), the same tokens in fewer passes.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +22,7 @@
 #include "core/threads.h"
 #include "infer/sampler.h"
 #include "infer/session.h"
+#include "infer/speculative.h"
 #include "cli/ram_budget.h"
 #include "io/stream_decoder.h"
 #include "io/vocabulary.h"
@@ -36,7 +39,7 @@ namespace {
 const char* kUsage =
     "usage: k3cpp generate <model dir> (--ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
     "                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop ID,...]\n"
-    "                      [--ids-out] [--threads N] [--ram-budget GB ...]\n"
+    "                      [--speculate K [--ngram N]] [--ids-out] [--threads N] [--ram-budget GB ...]\n"
     "  --ids          prompt as comma-separated token ids\n"
     "  --prompt       prompt as text (the model dir's tiktoken.model, else its byte tokenizer.json)\n"
     "  --max-tokens   tokens to generate (default 64)\n"
@@ -45,6 +48,9 @@ const char* kUsage =
     "  --top-p        keep the smallest set with probability >= P (1: all)\n"
     "  --seed         sampling seed (default 0)\n"
     "  --stop         stop token ids (default: the tokenizer's EOS, if any)\n"
+    "  --speculate    greedy only: draft up to K tokens from the text so far (n-gram lookup) and\n"
+    "                 verify them in one pass; the output is greedy's (default 0: off)\n"
+    "  --ngram        longest suffix the draft looks up (default 3)\n"
     "  --ids-out      print token ids instead of text\n";
 
 std::string usage() { return std::string(kUsage) + kRamBudgetUsage; }
@@ -60,7 +66,7 @@ void print(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
 
 int cmd_generate(const std::vector<std::string>& args) {
   Args a(args,
-         with_ram_budget_options({"ids", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "stop", "threads"}),
+         with_ram_budget_options({"ids", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "stop", "threads", "speculate", "ngram"}),
          {"ids-out", "help"}, "generate");
   if (a.flag("help")) {
     std::fputs(usage().c_str(), stdout);
@@ -80,6 +86,13 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (seed < 0) fail("--seed: expected a non-negative integer, got " + std::to_string(seed));
   so.seed = uint64_t(seed);
   Sampler sampler(so);  // validates the sampling options
+  SpeculativeOptions spec;
+  spec.draft_tokens = a.get_int("speculate", 0);
+  spec.ngram_max = a.get_int("ngram", 3);
+  if (spec.draft_tokens < 0) fail("--speculate: expected a non-negative number of draft tokens");
+  if (spec.ngram_max < 1) fail("--ngram: expected a positive suffix length");
+  if (spec.draft_tokens > 0 && so.temperature != 0.0)
+    fail("--speculate: verifies greedy drafts only; it needs --temperature 0 (got " + std::to_string(so.temperature) + ")");
   const bool ids_out = a.flag("ids-out");
   set_num_threads(int(a.get_int("threads", 0)));
 
@@ -127,27 +140,44 @@ int cmd_generate(const std::vector<std::string>& args) {
   const char* reason = "max tokens";
   std::optional<StreamDecoder> text;
   if (!ids_out) text.emplace(tok->decoder());
-  while (produced < max_tokens) {
-    const int32_t next = sampler.sample(logits, V);
+  int32_t last = -1;
+  auto emit = [&](int32_t next) {
     if (std::find(stop.begin(), stop.end(), next) != stop.end()) {
       reason = "stop token";
-      break;
+      return false;
     }
     if (ids_out) std::printf(produced ? " %d" : "%d", next);
     else print(text->push(next));
     std::fflush(stdout);
-    if (++produced == max_tokens) break;
-    logits = session.step(next);
+    ++produced, last = next;
+    return true;
+  };
+  SpeculativeStats sst;
+  if (spec.draft_tokens > 0) {
+    sst = generate_greedy_speculative(session, ids, logits, max_tokens, spec, emit);
+  } else {
+    while (produced < max_tokens) {
+      if (!emit(sampler.sample(logits, V)) || produced == max_tokens) break;
+      logits = session.step(last);
+    }
   }
   const double decode_s = seconds_since(t0);
   if (text) print(text->flush());  // an incomplete last character: U+FFFD
-  // Decode steps: the first token came from the prefill, the rest from produced - 1 steps.
+  // Decode tokens: the first came from the prefill, the rest from the decode passes (per token
+  // figures: speculative decoding's passes read once for several tokens).
   report_phase(bm, "generate", "decode", std::max<int64_t>(produced - 1, 0), decode_s);
   if (ids_out || produced) std::fputc('\n', stdout);
   std::fflush(stdout);
   std::fprintf(stderr, "generate: prefill %zu tokens in %.3f s (%.1f tok/s); decode %lld tokens in %.3f s (%.1f tok/s); stopped: %s\n",
                ids.size(), prefill_s, double(ids.size()) / std::max(prefill_s, 1e-9), (long long)produced, decode_s,
                double(produced) / std::max(decode_s, 1e-9), reason);
+  if (spec.draft_tokens > 0)
+    std::fprintf(stderr,
+                 "generate: speculative: %lld passes for %lld tokens (%.2f tokens per pass), %lld drafts, %lld of %lld "
+                 "drafted tokens accepted (%.1f %%), %lld re-appends after a rejection\n",
+                 (long long)sst.passes, (long long)produced, double(std::max<int64_t>(produced - 1, 0)) / std::max<int64_t>(sst.passes, 1),
+                 (long long)sst.verifies, (long long)sst.accepted, (long long)sst.drafted, 100.0 * sst.acceptance(),
+                 (long long)sst.reappends);
   report_budgeted(bm, "generate");
   return 0;
 }

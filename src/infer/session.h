@@ -28,6 +28,15 @@ class Session {
   const float* prefill(const std::vector<int32_t>& ids) { return prefill(ids.data(), int64_t(ids.size())); }
   // Appends one token; returns its logits [V].
   const float* step(int32_t id);
+  // Appends ids [T] through the decode path (KDA token by token, MLA absorbed) and returns the
+  // logits of every appended position, [T, V] (valid until the next call); logits() is the
+  // last row. Speculative decoding's verification pass (infer/speculative.h).
+  const float* step_many(const int32_t* ids, int64_t T);
+  // mark() remembers the sequence as it is (the KDA states and conv windows copied, each MLA
+  // cache's length: the cache is append-only); rewind() returns to it exactly, dropping what
+  // was appended since. One mark at a time; reset() clears it.
+  void mark();
+  void rewind();
   void reset();  // back to an empty sequence (caches keep their capacity)
 
   int64_t position() const { return state_.n_tokens; }  // tokens consumed
@@ -42,6 +51,10 @@ class Session {
   DecodeState state_;
   ForwardScratch scratch_;
   std::vector<float> logits_;  // [V]
+  std::vector<float> rows_;    // [T, V] of step_many
+  std::vector<KDAState> mark_kda_;  // [L] (MLA layers: unused)
+  std::vector<int64_t> mark_mla_n_;  // [L]
+  int64_t mark_tokens_ = -1;         // -1: no mark
 };
 
 }  // namespace k3

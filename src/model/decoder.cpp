@@ -177,8 +177,10 @@ void decoder_layer_forward(BlockStateT<R>& bs, LayerStateT<R>& st, const LayerWe
     }
   } else {
     // Decode: one token takes the mixer's decode step (its fast or reference variant per
-    // kda_path); several take the token-by-token recurrence.
-    const KDAPath p = mode == MixerMode::Decode && T > 1 ? KDAPath::Recurrent : kda_path;
+    // kda_path); several take it token by token (Fast: the fast step, as that many one-token
+    // calls would; otherwise the recurrent reference).
+    const KDAPath p = mode == MixerMode::Decode && T > 1 ? (kda_path == KDAPath::Fast ? KDAPath::Steps : KDAPath::Recurrent)
+                                                         : kda_path;
     kda_mixer_forward<R>(a, st.kda, s.h.data(), w.kda, dm.kda, T, p, s.kda, rec ? &rec->kda : nullptr);
   }
   if (!bs.partial_empty) add_into(partial, a, n);

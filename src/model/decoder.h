@@ -116,8 +116,8 @@ struct BlockStateT {
 using BlockState = BlockStateT<float>;
 
 // Which mixer kernels run: Prefill (chunked/fast KDA core or the recurrent reference, per
-// kda_path; MLA expanded over the latent cache) or Decode (KDA token-by-token recurrence:
-// the decode step for one token, the recurrent reference for several; MLA absorbed).
+// kda_path; MLA expanded over the latent cache) or Decode (KDA token by token: the decode
+// step, its fast variant for kda_path Fast, else the recurrent reference; MLA absorbed).
 // PrefillLatent: Prefill's KDA, with MLA attending over the latent cache with absorbed
 // projections (as in decode) instead of re-expanding K and V for every cached token on every
 // call, so a long chunked prefill holds only the latent cache (576 values per token and MLA

@@ -169,8 +169,14 @@ void kda_forward_segments(R* out, KDAStateT<R>* const* states, const int64_t* se
       if (saved && saved->ws.has_saved() && path != KDAPath::Fast)
         saved->ws.release();  // stale per-chunk states of an earlier call: the backward recomputes them
       if (Tj == 1 && !saved) {
-        if (path == KDAPath::Fast) kda_decode_step_fast(o_j, S, q_j, k_j, v_j, g_j, beta_j, H, D, D, scale);
-        else kda_decode_step(o_j, S, q_j, k_j, v_j, g_j, beta_j, H, D, D, scale);
+        if (path == KDAPath::Fast || path == KDAPath::Steps)
+          kda_decode_step_fast(o_j, S, q_j, k_j, v_j, g_j, beta_j, H, D, D, scale);
+        else
+          kda_decode_step(o_j, S, q_j, k_j, v_j, g_j, beta_j, H, D, D, scale);
+      } else if (path == KDAPath::Steps && !saved) {
+        for (int64_t t = 0; t < Tj; ++t)
+          kda_decode_step_fast(o_j + t * HD, S, q_j + t * HD, k_j + t * HD, v_j + t * HD, g_j + t * HD,
+                               beta_j + t * H, H, D, D, scale);
       } else if (path == KDAPath::Fast) {
         kda_chunk_fast_forward(o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale,
                                kda_mixer_fast_options(dims, saved), saved ? saved->ws : s.ws);
@@ -181,7 +187,7 @@ void kda_forward_segments(R* out, KDAStateT<R>* const* states, const int64_t* se
       }
     } else {
       // No fast kernel in double: Fast runs the chunked reference.
-      if (path != KDAPath::Recurrent && (Tj > 1 || saved))
+      if (path != KDAPath::Recurrent && path != KDAPath::Steps && (Tj > 1 || saved))
         kda_chunk_forward<R>(o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale, kKdaMixerChunk);
       else
         kda_recurrent_forward<R>(o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale);

@@ -88,6 +88,8 @@ enum class KDAPath {
   Chunked,    // reference chunkwise form (kda_chunk_forward, chunk 64)
   Fast,       // float: kda_chunk_fast_forward (chunk 64, f32 products; with `saved` it keeps its
               // per-chunk states for the backward); double: runs the Chunked reference
+  Steps,      // float: kda_decode_step_fast token by token (a few decode tokens in one call, the
+              // same arithmetic as that many one-token steps); double: the Recurrent reference
 };
 
 // The activations one forward call saves for kda_mixer_backward (buffers grow, never shrink).

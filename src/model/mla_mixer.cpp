@@ -27,6 +27,14 @@ void MLACacheT<R>::reserve(int64_t tokens, const MLADims& dims) {
 }
 
 template <typename R>
+void MLACacheT<R>::truncate(int64_t keep, const MLADims& dims) {
+  K3_ASSERT(keep >= 0 && keep <= n, "MLACache::truncate: keeps more tokens than the cache holds");
+  c_kv.resize(size_t(keep * dims.kv_lora));
+  k_rope.resize(size_t(keep * dims.rope));
+  n = keep;
+}
+
+template <typename R>
 static void grow(std::vector<R>& v, int64_t n) {
   if (v.size() < size_t(n)) v.resize(size_t(n));
 }

@@ -63,6 +63,9 @@ struct MLACacheT {
   int64_t n = 0;
   void clear();  // n = 0, keeps capacity
   void reserve(int64_t tokens, const MLADims& dims);
+  // Drops every token from position n on (n <= this->n): the cache is append-only, so this
+  // rewinds it exactly (speculative decoding's rejected drafts, infer/speculative.h).
+  void truncate(int64_t n, const MLADims& dims);
 };
 using MLACache = MLACacheT<float>;
 
