@@ -131,10 +131,24 @@ TEST(DistJobs, KilledRankEndsTheJobKeepsTheCheckpointAndResumesExactlyWithAnyRan
   EXPECT_EQ(train_state(t.sub("c/checkpoint"))["step"], 8);
   EXPECT_NEAR(last_loss(t.sub("c/metrics.jsonl")), last_loss(t.sub("ref/metrics.jsonl")),
               1e-3 * last_loss(t.sub("ref/metrics.jsonl")));
-  // The per-collective byte counts of the 4-rank job.
+  // The per-collective byte counts of the 4-rank job against the planner's projection
+  // (k3cpp plan --dp): summed over the ranks, per step, exactly N x the per-rank figures.
   const auto cs = nlohmann::json::parse(slurp(t.sub("c/comm_stats.json")));
-  EXPECT_EQ(cs["ranks"], 4);
-  EXPECT_GT(cs["per_rank"][0]["grad.reduce.reduce_scatter"]["bytes_sent"].get<int64_t>(), 0);
+  ASSERT_EQ(cs["ranks"], 4);
+  Job plan = sh(shell_quote(K3_CLI_PATH) + " plan " + shell_quote(t.sub("model.json")) + " --dp 4 --qb-bins 200 --json");
+  ASSERT_EQ(plan.rc, 0) << plan.out;
+  const auto dpp = nlohmann::json::parse(plan.out)["data_parallel"];
+  double grad = 0, hist = 0;
+  int64_t steps = 0;
+  for (const auto& r : cs["per_rank"]) {
+    grad += r["grad.reduce.reduce_scatter"]["bytes_sent"].get<double>() + r["param.allgather"]["bytes_sent"].get<double>();
+    hist += r["balancer.qb_histogram.reduce_scatter"]["bytes_sent"].get<double>() +
+            r["balancer.qb_histogram.allgather"]["bytes_sent"].get<double>();
+    steps = r["loss.gather"]["calls"].get<int64_t>();
+  }
+  EXPECT_EQ(steps, 4);
+  EXPECT_EQ(grad / double(steps), 4 * dpp["gradient_bytes_per_rank_step"].get<double>());
+  EXPECT_EQ(hist / double(steps), 4 * dpp["histogram_bytes_per_rank_step"].get<double>());
 }
 
 TEST(DistJobs, ExitingOrHungRankEndsTheJobWithAClearError) {
