@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +24,10 @@
 #include "cli/ram_budget.h"
 #include "io/stream_decoder.h"
 #include "io/vocabulary.h"
+#include "dist/comm.h"
+#include "dist/expert_parallel.h"
+#include "dist/runtime.h"
+#include "kernels/moe_exchange.h"
 #include "model/checkpoint.h"
 
 namespace k3::cli {
@@ -36,7 +41,7 @@ namespace {
 const char* kUsage =
     "usage: k3cpp generate <model dir> (--ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
     "                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop ID,...]\n"
-    "                      [--ids-out] [--threads N] [--ram-budget GB ...]\n"
+    "                      [--ids-out] [--threads N] [--ram-budget GB ...] [--ep R]\n"
     "  --ids          prompt as comma-separated token ids\n"
     "  --prompt       prompt as text (the model dir's tiktoken.model, else its byte tokenizer.json)\n"
     "  --max-tokens   tokens to generate (default 64)\n"
@@ -45,7 +50,9 @@ const char* kUsage =
     "  --top-p        keep the smallest set with probability >= P (1: all)\n"
     "  --seed         sampling seed (default 0)\n"
     "  --stop         stop token ids (default: the tokenizer's EOS, if any)\n"
-    "  --ids-out      print token ids instead of text\n";
+    "  --ids-out      print token ids instead of text\n"
+    "  --ep R         expert parallel, under mpirun -np R: each rank computes 1/R of every layer's\n"
+    "                 routed experts (the trunk on every rank); logits equal one process's\n";
 
 std::string usage() { return std::string(kUsage) + kRamBudgetUsage; }
 
@@ -60,7 +67,7 @@ void print(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
 
 int cmd_generate(const std::vector<std::string>& args) {
   Args a(args,
-         with_ram_budget_options({"ids", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "stop", "threads"}),
+         with_ram_budget_options({"ids", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "stop", "threads", "ep"}),
          {"ids-out", "help"}, "generate");
   if (a.flag("help")) {
     std::fputs(usage().c_str(), stdout);
@@ -82,6 +89,24 @@ int cmd_generate(const std::vector<std::string>& args) {
   Sampler sampler(so);  // validates the sampling options
   const bool ids_out = a.flag("ids-out");
   set_num_threads(int(a.get_int("threads", 0)));
+  // Expert parallelism (src/dist/expert_parallel.h): under mpirun with --ep R, every rank runs
+  // the trunk and 1/R of each layer's experts; rank 0 alone prints.
+  const long long ep = a.get_int("ep", 0);
+  if (a.get("ep") && ep < 1) fail("--ep: expected a positive integer, got " + std::to_string(ep));
+  std::unique_ptr<dist::Runtime> rt;
+  std::unique_ptr<dist::Comm> comm;
+  std::unique_ptr<dist::CommExpertExchange> exchange;
+  if (ep > 0 || dist::launched_by_mpirun()) {
+    rt = std::make_unique<dist::Runtime>();
+    if (ep == 0 && rt->size() > 1)
+      fail("started by mpirun with " + std::to_string(rt->size()) + " ranks but without --ep: pass --ep " +
+           std::to_string(rt->size()));
+    if (ep > 0 && rt->size() != ep)
+      fail("--ep " + std::to_string(ep) + " but the job has " + std::to_string(rt->size()) +
+           " MPI rank(s): start it with mpirun -np " + std::to_string(ep));
+    if (rt->size() > 1 && a.get("ram-budget")) fail("--ep and --ram-budget cannot be combined");
+    if (rt->rank() != 0 && !std::freopen("/dev/null", "w", stdout)) fail_system("cannot reopen stdout", "/dev/null");
+  }
 
   // Config, tokenizer and prompt are checked before any weight is read.
   const ModelDir md = open_model_dir(dir);
@@ -112,6 +137,15 @@ int cmd_generate(const std::vector<std::string>& args) {
   lo.dense_as_stored = true;  // bf16 dense weights read as stored
   BudgetedModel bm = load_budgeted(a, md, lo, "generate", int64_t(ids.size()));
   const K3Model& model = bm.im->model;
+  if (rt && rt->size() > 1) {
+    if (md.config.num_experts % rt->size() != 0)
+      fail_input(md.config_path, "num_experts",
+                 std::to_string(md.config.num_experts) + " experts cannot be split over " +
+                     std::to_string(rt->size()) + " expert-parallel ranks (--ep must divide it)");
+    comm = dist::make_comm("mpi", 600);
+    exchange = std::make_unique<dist::CommExpertExchange>(*comm);
+    set_expert_exchange(exchange.get());
+  }
   announce_machine("generate");
   SessionOptions sess_opt;
   sess_opt.reserve_tokens = int64_t(ids.size()) + max_tokens;
@@ -149,6 +183,7 @@ int cmd_generate(const std::vector<std::string>& args) {
                ids.size(), prefill_s, double(ids.size()) / std::max(prefill_s, 1e-9), (long long)produced, decode_s,
                double(produced) / std::max(decode_s, 1e-9), reason);
   report_budgeted(bm, "generate");
+  set_expert_exchange(nullptr);
   return 0;
 }
 

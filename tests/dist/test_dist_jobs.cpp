@@ -33,10 +33,11 @@ struct Job {
 };
 
 // Runs `cmd` under /bin/sh with a hard limit (timeout(1)), stdout and stderr together.
-Job sh(const std::string& cmd, int limit_s = 60) {
+// stdout_only: stderr discarded instead.
+Job sh(const std::string& cmd, int limit_s = 60, bool stdout_only = false) {
   Job j;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string full = "timeout -s KILL " + std::to_string(limit_s) + " " + cmd + " 2>&1";
+  const std::string full = "timeout -s KILL " + std::to_string(limit_s) + " " + cmd + (stdout_only ? " 2>/dev/null" : " 2>&1");
   FILE* p = ::popen(full.c_str(), "r");
   if (!p) return j;
   char buf[4096];
@@ -181,4 +182,18 @@ TEST(DistJobs, RefusesAMismatchedRankCount) {
   EXPECT_NE(bare.out.find("without --dp: pass --dp 2"), std::string::npos) << bare.out;
 }
 
+TEST(DistJobs, ExpertParallelGenerateEqualsOneProcess) {
+  const std::string model = shell_quote(std::string(K3_TEST_DATA_DIR) + "/k3-release-tiny");
+  const std::string args = " generate " + model + " --ids 1,2,3,4,5 --max-tokens 12 --ids-out --threads 1";
+  Job one = sh(shell_quote(K3_CLI_PATH) + args, 60, true);
+  ASSERT_EQ(one.rc, 0) << one.out;
+  ASSERT_GT(one.out.size(), 12u);
+  for (int np : {2, 4}) {
+    Job ep = sh(mpirun(np) + " " + shell_quote(K3_CLI_PATH) + args + " --ep " + std::to_string(np), 60, true);
+    ASSERT_EQ(ep.rc, 0) << ep.out;
+    EXPECT_EQ(ep.out, one.out) << np << " ranks";  // rank 0 alone prints
+  }
+}
+
 }  // namespace k3::test
+
