@@ -16,6 +16,7 @@ PKGS=(
   python3-torch python3-numpy # independent PyTorch implementation in tools/ (tests, benchmarks)
   libcpp-httplib-dev          # HTTP server of `k3cpp serve` (src/serve)
   chromium                    # the serve chat page checked in a real (headless) browser (tools/serve_check)
+  libopenmpi-dev openmpi-bin  # MPI: data / expert parallelism (src/dist), its tests run under mpirun
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,10 @@
 #include "cli/ram_budget.h"
 #include "io/stream_decoder.h"
 #include "io/vocabulary.h"
+#include "dist/comm.h"
+#include "dist/expert_parallel.h"
+#include "dist/runtime.h"
+#include "kernels/moe_exchange.h"
 #include "model/checkpoint.h"
 
 namespace k3::cli {
@@ -40,6 +45,7 @@ const char* kUsage =
     "usage: k3cpp generate <model dir> (--ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
     "                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop ID,...]\n"
     "                      [--speculate K [--ngram N]] [--ids-out] [--threads N] [--ram-budget GB ...]\n"
+    "                      [--ep R]\n"
     "  --ids          prompt as comma-separated token ids\n"
     "  --prompt       prompt as text (the model dir's tiktoken.model, else its byte tokenizer.json)\n"
     "  --max-tokens   tokens to generate (default 64)\n"
@@ -51,7 +57,9 @@ const char* kUsage =
     "  --speculate    greedy only: draft up to K tokens from the text so far (n-gram lookup) and\n"
     "                 verify them in one pass; the output is greedy's (default 0: off)\n"
     "  --ngram        longest suffix the draft looks up (default 3)\n"
-    "  --ids-out      print token ids instead of text\n";
+    "  --ids-out      print token ids instead of text\n"
+    "  --ep R         expert parallel, under mpirun -np R: each rank computes 1/R of every layer's\n"
+    "                 routed experts (the trunk on every rank); logits equal one process's\n";
 
 std::string usage() { return std::string(kUsage) + kRamBudgetUsage; }
 
@@ -66,7 +74,8 @@ void print(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
 
 int cmd_generate(const std::vector<std::string>& args) {
   Args a(args,
-         with_ram_budget_options({"ids", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "stop", "threads", "speculate", "ngram"}),
+         with_ram_budget_options({"ids", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "stop", "threads",
+                                  "speculate", "ngram", "ep"}),
          {"ids-out", "help"}, "generate");
   if (a.flag("help")) {
     std::fputs(usage().c_str(), stdout);
@@ -95,6 +104,24 @@ int cmd_generate(const std::vector<std::string>& args) {
     fail("--speculate: verifies greedy drafts only; it needs --temperature 0 (got " + std::to_string(so.temperature) + ")");
   const bool ids_out = a.flag("ids-out");
   set_num_threads(int(a.get_int("threads", 0)));
+  // Expert parallelism (src/dist/expert_parallel.h): under mpirun with --ep R, every rank runs
+  // the trunk and 1/R of each layer's experts; rank 0 alone prints.
+  const long long ep = a.get_int("ep", 0);
+  if (a.get("ep") && ep < 1) fail("--ep: expected a positive integer, got " + std::to_string(ep));
+  std::unique_ptr<dist::Runtime> rt;
+  std::unique_ptr<dist::Comm> comm;
+  std::unique_ptr<dist::CommExpertExchange> exchange;
+  if (ep > 0 || dist::launched_by_mpirun()) {
+    rt = std::make_unique<dist::Runtime>();
+    if (ep == 0 && rt->size() > 1)
+      fail("started by mpirun with " + std::to_string(rt->size()) + " ranks but without --ep: pass --ep " +
+           std::to_string(rt->size()));
+    if (ep > 0 && rt->size() != ep)
+      fail("--ep " + std::to_string(ep) + " but the job has " + std::to_string(rt->size()) +
+           " MPI rank(s): start it with mpirun -np " + std::to_string(ep));
+    if (rt->size() > 1 && a.get("ram-budget")) fail("--ep and --ram-budget cannot be combined");
+    if (rt->rank() != 0 && !std::freopen("/dev/null", "w", stdout)) fail_system("cannot reopen stdout", "/dev/null");
+  }
 
   // Config, tokenizer and prompt are checked before any weight is read.
   const ModelDir md = open_model_dir(dir);
@@ -125,6 +152,15 @@ int cmd_generate(const std::vector<std::string>& args) {
   lo.dense_as_stored = true;  // bf16 dense weights read as stored
   BudgetedModel bm = load_budgeted(a, md, lo, "generate", int64_t(ids.size()));
   const K3Model& model = bm.im->model;
+  if (rt && rt->size() > 1) {
+    if (md.config.num_experts % rt->size() != 0)
+      fail_input(md.config_path, "num_experts",
+                 std::to_string(md.config.num_experts) + " experts cannot be split over " +
+                     std::to_string(rt->size()) + " expert-parallel ranks (--ep must divide it)");
+    comm = dist::make_comm("mpi", 600);
+    exchange = std::make_unique<dist::CommExpertExchange>(*comm);
+    set_expert_exchange(exchange.get());
+  }
   announce_machine("generate");
   SessionOptions sess_opt;
   sess_opt.reserve_tokens = int64_t(ids.size()) + max_tokens;
@@ -179,6 +215,7 @@ int cmd_generate(const std::vector<std::string>& args) {
                  (long long)sst.verifies, (long long)sst.accepted, (long long)sst.drafted, 100.0 * sst.acceptance(),
                  (long long)sst.reappends);
   report_budgeted(bm, "generate");
+  set_expert_exchange(nullptr);
   return 0;
 }
 

@@ -21,7 +21,8 @@ using json = nlohmann::json;
 
 const char* kUsage =
     "usage: k3cpp plan <config.json> [--storage bf16|mxfp4] [--context L] [--batch B]\n"
-    "                  [--gpus N --gpu-mem GiB] [--ram-budget GB --disk-gbps X [--prefill-tokens T]] [--json]\n"
+    "                  [--gpus N --gpu-mem GiB] [--ram-budget GB --disk-gbps X [--prefill-tokens T]]\n"
+    "                  [--dp N [--qb-bins B] [--ep E]] [--json]\n"
     "  --storage  bf16: every tensor bf16; mxfp4 (default): routed experts MXFP4, rest bf16\n"
     "  --context  tokens per sequence for the cache and attention FLOPs (default 8192)\n"
     "  --batch    sequences held in the cache (default 1)\n"
@@ -29,6 +30,9 @@ const char* kUsage =
     "  --ram-budget, --disk-gbps  memory-limited inference (trunk resident, experts streamed): bytes read\n"
     "             and the disk bound per token at this budget (GB) and disk bandwidth (GB/s)\n"
     "  --prefill-tokens  prefill chunk for that projection (default 512)\n"
+    "  --dp       data-parallel training on N ranks (src/dist): bytes per rank and step for the\n"
+    "             gradients and the QB histograms (--qb-bins, default 1000), memory per rank;\n"
+    "             --ep E adds the expert-parallel all-to-all bytes per token (analytic only)\n"
     "  --json     print the same figures as JSON\n";
 
 // Counts: 2 decimals below 10, 1 decimal above ("2.78 T", "104.2 B").
@@ -64,7 +68,8 @@ std::string human_flops(double v) {
 }  // namespace
 
 int cmd_plan(const std::vector<std::string>& args) {
-  Args a(args, {"storage", "context", "batch", "gpus", "gpu-mem", "ram-budget", "disk-gbps", "prefill-tokens"},
+  Args a(args, {"storage", "context", "batch", "gpus", "gpu-mem", "ram-budget", "disk-gbps", "prefill-tokens", "dp",
+                "qb-bins", "ep"},
          {"json", "help"}, "plan");
   if (a.flag("help")) {
     std::fputs(kUsage, stdout);
@@ -104,7 +109,16 @@ int cmd_plan(const std::vector<std::string>& args) {
     if (prefill_tokens <= 0) fail("--prefill-tokens must be positive, got " + std::to_string(prefill_tokens));
   }
 
+  const bool want_dp = a.get("dp").has_value();
+  if (!want_dp && (a.get("qb-bins") || a.get("ep"))) fail("--qb-bins and --ep go with --dp");
+  const long long dp_ranks = a.get_int("dp", 1), qb_bins = a.get_int("qb-bins", 1000), ep = a.get_int("ep", 1);
+  if (want_dp && dp_ranks <= 0) fail("--dp must be positive, got " + std::to_string(dp_ranks));
+  if (qb_bins < 2) fail("--qb-bins must be at least 2, got " + std::to_string(qb_bins));
+  if (ep <= 0) fail("--ep must be positive, got " + std::to_string(ep));
+
   const K3Config c = load_config(path);
+  DataParallelComm dpc;
+  if (want_dp) dpc = project_data_parallel(c, dp_ranks, qb_bins, ep);
   StreamProjection sp;
   if (want_stream) sp = project_streaming(c, uint64_t(budget_gb * 1e9), disk_gbps * 1e9, prefill_tokens);
   const ParamCounts pc = count_params(c);
@@ -162,6 +176,15 @@ int cmd_plan(const std::vector<std::string>& args) {
     } else {
       j["placement"] = nullptr;
     }
+    if (want_dp)
+      j["data_parallel"] = {{"ranks", dpc.ranks}, {"qb_bins", dpc.bins}, {"gradient_floats", dpc.grad_floats},
+                            {"trained_elements", dpc.trained}, {"histogram_ints", dpc.hist_ints},
+                            {"gradient_bytes_per_rank_step", dpc.grad_bytes},
+                            {"histogram_bytes_per_rank_step", dpc.hist_bytes},
+                            {"optimizer_state_bytes_per_rank_zero1", dpc.opt_state_bytes_zero1},
+                            {"optimizer_state_bytes_per_rank", dpc.opt_state_bytes},
+                            {"weight_bytes_per_rank", dpc.weight_bytes}, {"ep", dpc.ep},
+                            {"ep_alltoall_bytes_per_token", dpc.ep_bytes_per_token}};
     if (want_stream) {
       j["streaming"] = {{"budget_bytes", sp.budget},
                         {"disk_bytes_per_s", sp.disk_bytes_per_s},
@@ -250,6 +273,21 @@ int cmd_plan(const std::vector<std::string>& args) {
                 human_bytes(double(pl.replicated_bytes)).c_str(), human_bytes(double(pl.expert_bytes)).c_str(),
                 human_bytes(double(pl.cache_bytes)).c_str(), human_bytes(double(pl.per_device_bytes())).c_str(),
                 human_bytes(double(pl.capacity_bytes())).c_str(), pl.fits() ? "fits" : "does NOT fit");
+  }
+  if (want_dp) {
+    std::printf("\ndata-parallel training on %lld ranks (f32 weights and gradients, QB histograms of %lld bins)\n",
+                (long long)dpc.ranks, (long long)dpc.bins);
+    std::printf("  per rank and step: gradients %s (reduce-scatter + all-gather of %lld floats), histograms %s "
+                "(%lld int64, %.2f %% of the gradients)\n",
+                human_bytes(dpc.grad_bytes).c_str(), (long long)dpc.grad_floats, human_bytes(dpc.hist_bytes).c_str(),
+                (long long)dpc.hist_ints, dpc.grad_bytes > 0 ? 100.0 * dpc.hist_bytes / dpc.grad_bytes : 0.0);
+    std::printf("  per rank: weights %s, optimiser state %s with ZeRO-1 (%s replicated)\n",
+                human_bytes(dpc.weight_bytes).c_str(), human_bytes(dpc.opt_state_bytes_zero1).c_str(),
+                human_bytes(dpc.opt_state_bytes).c_str());
+    if (dpc.ep > 1)
+      std::printf("  expert parallel over %lld ranks (analytic; not implemented in k3cpp): %s per token forward "
+                  "(bf16 latent rows out and back, all MoE layers)\n",
+                  (long long)dpc.ep, human_bytes(dpc.ep_bytes_per_token).c_str());
   }
   if (want_stream) {
     std::printf("\nmemory-limited inference at %g GB, disk %g GB/s (trunk bf16 resident, experts streamed)\n",

@@ -8,13 +8,29 @@
 // (held-out bits per byte per stage against the corpus's unigram baseline, MaxVio per MoE
 // layer, tokens/s) on stdout. --steps N stops once N optimiser steps are done (counted over
 // the whole run, so `--steps 10` then `--resume --steps 20` trains steps 11-20).
+//
+// Data parallel (docs/distributed.md): `mpirun -np N k3cpp train ... --dp N` trains the same
+// run on N ranks (train/trainer.h TrainOptions::dp, src/dist): each rank a slice of every
+// micro-batch, gradients summed in rank order, ZeRO-1 optimiser sharding unless --zero 0, rank
+// 0 writing metrics and checkpoints (the same files as one process, so --resume works with
+// any rank count), the per-collective byte counts in DIR/comm_stats.json.
+#include <omp.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "dist/comm.h"
+#include "dist/data_parallel.h"
+#include "dist/runtime.h"
+#include "io/atomic_file.h"
 #include "infer/sampler.h"
 #include "infer/session.h"
 #include "train/run_config.h"
@@ -25,13 +41,22 @@ namespace {
 
 const char* kUsage =
     "usage: k3cpp train --config run.json --out DIR [--resume] [--steps N] [--threads N] [--quiet]\n"
+    "       mpirun -np N k3cpp train ... --dp N [--zero 0|1] [--backend mpi|nccl] [--comm-timeout S]\n"
     "  --config   the run file: model config, data, batch, stages, optimiser, balancer, logging\n"
     "  --out      output directory: metrics.jsonl, tokenizer/ (the vocabulary the run learns)\n"
     "             and checkpoint/ (the trained model, with its vocabulary)\n"
     "  --resume   continue DIR/checkpoint exactly (refused if it does not match the run file)\n"
     "  --steps    stop once N optimiser steps (counted over the whole run) are done\n"
     "  --threads  threads (default: the run file's, else K3_THREADS / OMP_NUM_THREADS / all cores)\n"
-    "  --quiet    no progress output on stderr\n";
+    "  --quiet    no progress output on stderr\n"
+    "  --dp       data-parallel ranks: the job's rank count (run under mpirun -np N); every micro-batch's\n"
+    "             sequences are split across them; metrics and checkpoints as one process writes them\n"
+    "  --zero     1 (default): ZeRO-1, each rank holds and steps the optimiser state of the parameters it\n"
+    "             owns (whole matrices); 0: every rank steps every parameter\n"
+    "  --backend  mpi (default) or nccl (builds with CUDA and NCCL only)\n"
+    "  --comm-timeout  seconds a collective may wait for the other ranks before the job is aborted\n"
+    "             (default 600)\n"
+    "  --bucket-mb     gradient reduction bucket in MiB (default 4)\n";
 
 // Generates run.sample_tokens tokens after BOS + prompt; stops at EOS.
 std::string sample_text(const K3Model& model, const Vocabulary& tok, const std::string& prompt, int64_t n,
@@ -57,10 +82,59 @@ std::string sample_text(const K3Model& model, const Vocabulary& tok, const std::
   return prompt + tok.decoder().decode(out);
 }
 
+// Every rank's per-collective counts (dist/comm.h) gathered into DIR/comm_stats.json by rank 0:
+// {"backend", "ranks", "per_rank": [{label: {"calls", "bytes_sent"}}]}, and one line per label.
+void write_comm_stats(DataParallel& dp, dist::Comm& comm, const std::string& out_dir, bool root) {
+  nlohmann::json mine = nlohmann::json::object();
+  for (const auto& [label, st] : comm.stats()) mine[label] = {{"calls", st.calls}, {"bytes_sent", st.bytes_sent}};
+  const std::string text = mine.dump();
+  std::vector<size_t> counts;
+  const std::vector<char> all = dp.allgatherv(text.data(), text.size(), "comm_stats.gather", &counts);
+  if (!root) return;
+  nlohmann::json j = {{"backend", comm.backend()}, {"ranks", dp.size()}, {"per_rank", nlohmann::json::array()}};
+  size_t at = 0;
+  for (size_t c : counts) {
+    j["per_rank"].push_back(nlohmann::json::parse(std::string(all.data() + at, c)));
+    at += c;
+  }
+  write_text_file_atomic(out_dir + "/comm_stats.json", j.dump(1) + "\n");
+}
+
 }  // namespace
 
+// Rank 0 (or the single process) prints the samples and the summary; with a communicator, every
+// rank's per-collective byte counts are gathered into DIR/comm_stats.json.
+int run_training(const std::string& config, TrainOptions opt, bool root, dist::Comm* comm, int local_ranks) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunConfig run = load_run_config(config);
+  // Data parallel without a thread count (--threads, the run file's, K3_THREADS or
+  // OMP_NUM_THREADS): the machine's cores are divided among the job's ranks on it.
+  if (comm && opt.threads == 0 && run.threads == 0 && !std::getenv("K3_THREADS") && !std::getenv("OMP_NUM_THREADS"))
+    opt.threads = std::max(1, omp_get_num_procs() / std::max(1, local_ranks));
+  Trainer trainer(run, opt);
+  const TrainResult r = trainer.run();
+  if (comm) write_comm_stats(*opt.dp, *comm, opt.out_dir, root);
+  if (!root) return 0;
+  if (r.complete && run.sample_tokens > 0 && !run.samples.empty()) {
+    std::printf("\nsamples (temperature %.2f, %lld tokens after each prompt):\n", run.sample_temperature,
+                (long long)run.sample_tokens);
+    for (size_t i = 0; i < run.samples.size(); ++i) {
+      const std::string text = sample_text(trainer.model(), trainer.tokenizer(), run.samples[i], run.sample_tokens,
+                                           run.sample_temperature, run.seed + i);
+      std::printf("--- sample %zu ---\n%s\n", i + 1, text.c_str());
+    }
+  }
+  std::fputs(format_summary(r).c_str(), stdout);
+  std::printf("model: %s (k3cpp generate %s --prompt ...)\n", r.checkpoint_dir.c_str(), r.checkpoint_dir.c_str());
+  std::printf("wall time of this command: %.1f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  std::fflush(stdout);
+  return 0;
+}
+
 int cmd_train(const std::vector<std::string>& args) {
-  Args a(args, {"config", "out", "steps", "threads"}, {"resume", "quiet", "help"}, "train");
+  Args a(args, {"config", "out", "steps", "threads", "dp", "zero", "backend", "comm-timeout", "bucket-mb"},
+         {"resume", "quiet", "help"}, "train");
   if (a.flag("help")) {
     std::fputs(kUsage, stdout);
     return 0;
@@ -81,25 +155,43 @@ int cmd_train(const std::vector<std::string>& args) {
   if (threads < 0) fail("--threads: expected a non-negative integer, got " + std::to_string(threads));
   opt.threads = int(threads);
 
-  const auto t0 = std::chrono::steady_clock::now();
-  const RunConfig run = load_run_config(*config);
-  Trainer trainer(run, opt);
-  const TrainResult r = trainer.run();
-  if (r.complete && run.sample_tokens > 0 && !run.samples.empty()) {
-    std::printf("\nsamples (temperature %.2f, %lld tokens after each prompt):\n", run.sample_temperature,
-                (long long)run.sample_tokens);
-    for (size_t i = 0; i < run.samples.size(); ++i) {
-      const std::string text = sample_text(trainer.model(), trainer.tokenizer(), run.samples[i], run.sample_tokens,
-                                           run.sample_temperature, run.seed + i);
-      std::printf("--- sample %zu ---\n%s\n", i + 1, text.c_str());
-    }
+  // Data parallel: MPI only for --dp (or under mpirun, where a missing --dp is refused).
+  const long long dp = a.get_int("dp", 0);
+  if (a.get("dp") && dp < 1) fail("--dp: expected a positive integer, got " + std::to_string(dp));
+  std::unique_ptr<dist::Runtime> rt;
+  std::unique_ptr<dist::Comm> comm;
+  std::unique_ptr<dist::CommDataParallel> group;
+  if (dp > 0 || dist::launched_by_mpirun()) {
+    rt = std::make_unique<dist::Runtime>();
+    if (dp == 0 && rt->size() > 1)
+      fail("started by mpirun with " + std::to_string(rt->size()) + " ranks but without --dp: pass --dp " +
+           std::to_string(rt->size()) + " (or run one process)");
+    if (dp > 0 && rt->size() != dp)
+      fail("--dp " + std::to_string(dp) + " but the job has " + std::to_string(rt->size()) +
+           " MPI rank(s): start it with mpirun -np " + std::to_string(dp));
   }
-  std::fputs(format_summary(r).c_str(), stdout);
-  std::printf("model: %s (k3cpp generate %s --prompt ...)\n", r.checkpoint_dir.c_str(), r.checkpoint_dir.c_str());
-  std::printf("wall time of this command: %.1f s\n",
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  std::fflush(stdout);
-  return 0;
+  if (!a.get("dp") && (a.get("zero") || a.get("backend") || a.get("comm-timeout") || a.get("bucket-mb")))
+    fail("--zero, --backend, --comm-timeout and --bucket-mb go with --dp (see k3cpp train --help)");
+  const long long zero = a.get_int("zero", 1);
+  if (zero != 0 && zero != 1) fail("--zero: expected 0 or 1, got " + std::to_string(zero));
+  const double timeout = a.get_double("comm-timeout", 600);
+  if (!(timeout > 0)) fail("--comm-timeout: expected a positive number of seconds");
+  const double bucket_mb = a.get_double("bucket-mb", 4);
+  if (!(bucket_mb > 0) || bucket_mb > 1024) fail("--bucket-mb: expected a size in (0, 1024] MiB");
+  if (rt) {
+    comm = dist::make_comm(a.get_or("backend", "mpi"), timeout);
+    group = std::make_unique<dist::CommDataParallel>(*comm, int64_t(bucket_mb * 1048576.0));
+    opt.dp = group.get();
+    opt.shard_optimizer = zero == 1;
+  }
+  const bool root = !rt || rt->rank() == 0;
+  try {
+    return run_training(*config, opt, root, comm.get(), rt ? rt->local_size() : 1);
+  } catch (const std::exception& e) {
+    if (!rt || rt->size() == 1) throw;
+    // The other ranks wait in a collective for this one: end them all, with the reason.
+    rt->abort(std::string("train: error: ") + e.what(), 1);
+  }
 }
 
 }  // namespace k3::cli

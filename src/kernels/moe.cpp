@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "kernels/activations.h"
 #include "kernels/gemm.h"
+#include "kernels/moe_exchange.h"
 #include "kernels/mxfp4_linear.h"
 #include "kernels/situ_simd.h"
 #include "kernels/small_matmul.h"
@@ -167,12 +168,18 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
     }
   };
 
+  // Expert parallelism (moe_exchange.h): only this rank's experts run here; the exchange fills
+  // the other experts' slot rows, so the combine below is the single process's, bit for bit.
+  ExpertExchange* ex = provider ? nullptr : expert_exchange();
+  K3_ASSERT(!ex || (!gu_saved && !y_saved), "moe: expert parallelism is inference-only");
   if (!provider) {
 #pragma omp parallel for schedule(dynamic, 1) if (n_active > 1)
     for (int64_t ai = 0; ai < n_active; ++ai) {
       const int64_t e = scratch.active[ai];
+      if (ex && !ex->owns(e, E)) continue;
       run_expert(e, w1[e], w3[e], w2[e], scratch.work.data() + per_thread * (n_active > 1 ? omp_get_thread_num() : 0));
     }
+    if (ex) ex->exchange(slots, dp, Tn, k, E, n_in);
   } else {
     // Groups as the provider makes them valid; each expert exactly once.
     int64_t handed = 0;

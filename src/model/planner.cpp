@@ -2,11 +2,14 @@
 // the parameter table; nothing here repeats a tensor shape.
 #include "model/planner.h"
 
+#include "model/weights.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
 #include "core/error.h"
+#include "model/weights.h"
 
 namespace k3 {
 
@@ -200,6 +203,29 @@ Placement place(const K3Config& c, WeightStorage st, int64_t gpus, double gpu_me
   p.expert_bytes = uint64_t(p.experts_per_device) * expert0_bytes;
   p.cache_bytes = uint64_t(p.sequences_per_device) * decode_cache_bytes(c, context).total();
   return p;
+}
+
+DataParallelComm project_data_parallel(const K3Config& c, int64_t ranks, int64_t qb_bins, int64_t ep) {
+  if (ranks <= 0) fail("data-parallel ranks must be positive, got " + std::to_string(ranks));
+  if (qb_bins < 2) fail("histogram bins must be at least 2, got " + std::to_string(qb_bins));
+  if (ep <= 0) fail("expert-parallel ranks must be positive, got " + std::to_string(ep));
+  DataParallelComm d;
+  d.ranks = ranks, d.bins = qb_bins, d.ep = ep;
+  const ParamLayout lay(c, ExpertStorage::Plain);
+  d.grad_floats = lay.total_floats();
+  for (const ParamSpec& s : lay.specs())
+    if (s.name.find("e_score_correction_bias") == std::string::npos) d.trained += s.numel();
+  d.moe_layers = std::max<int64_t>(0, c.num_hidden_layers - c.first_k_dense_replace);
+  d.hist_ints = d.moe_layers * (1 + c.num_experts + c.num_experts * qb_bins);
+  const double f = double(ranks - 1) / double(ranks);
+  d.grad_bytes = 2.0 * 4.0 * double(d.grad_floats) * f;
+  d.hist_bytes = 2.0 * 8.0 * double(d.hist_ints) * f;
+  d.opt_state_bytes = 8.0 * double(d.trained);
+  d.opt_state_bytes_zero1 = d.opt_state_bytes / double(ranks);
+  d.weight_bytes = 4.0 * double(d.grad_floats);
+  d.ep_bytes_per_token = 2.0 * double(c.num_experts_per_token) * double(c.routed_expert_hidden_size) * 2.0 *
+                         double(ep - 1) / double(ep) * double(d.moe_layers);
+  return d;
 }
 
 }  // namespace k3

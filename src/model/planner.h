@@ -94,6 +94,29 @@ struct Placement {
 Placement place(const K3Config& c, WeightStorage s, int64_t gpus, double gpu_mem_gib, int64_t context,
                 int64_t batch);
 
+// Data-parallel training over `ranks` ranks as src/dist runs it (docs/distributed.md), per
+// optimizer step and rank, averaged over the ranks (an owner's share depends on where the
+// parameter boundaries fall; the sum over ranks is exact):
+//  gradients  = 4 G (N-1)/N reduce-scatter + 4 G (N-1)/N all-gather (of the updated parameters
+//               with ZeRO-1, of the gradients without), G = the f32 gradient buffer (every
+//               parameter, router biases and alignment padding included);
+//  histograms = 8 H (N-1)/N twice (reduce-scatter, all-gather of int64), H = MoE layers x
+//               (1 + E + E x bins) (qb-hist: the tokens, the loads, the bin counts);
+//  optimiser state per rank = 8 P / N with ZeRO-1 (8 P without), P the trained elements;
+//  weights per rank = 4 G (f32 master weights, replicated).
+// Expert parallelism (not implemented in k3cpp; analytic only): each token's k latent rows go
+// to the ranks owning its experts and come back, (E_ranks - 1)/E_ranks of them leaving the
+// rank: 2 k l x bytes_per_value x (ep - 1)/ep per token and MoE layer, forward (the backward
+// sends as much again).
+struct DataParallelComm {
+  int64_t ranks = 0, bins = 0, ep = 1;
+  int64_t grad_floats = 0, trained = 0, hist_ints = 0, moe_layers = 0;
+  double grad_bytes = 0, hist_bytes = 0;           // per rank per step
+  double opt_state_bytes_zero1 = 0, opt_state_bytes = 0, weight_bytes = 0;  // per rank
+  double ep_bytes_per_token = 0;                   // forward, all MoE layers, bf16 values
+};
+DataParallelComm project_data_parallel(const K3Config& c, int64_t ranks, int64_t qb_bins, int64_t ep = 1);
+
 // Memory-limited inference (infer/weight_stream.h): the dense trunk resident, routed experts
 // read from disk into an expert cache of whole experts. From the config, the budget and a
 // disk bandwidth, before anything runs:

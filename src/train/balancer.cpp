@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "core/error.h"
+#include "train/parallel.h"
 
 namespace k3 {
 
@@ -35,6 +37,14 @@ void Balancer::accumulate_loads(int64_t layer, const int32_t* topk_idx, int64_t 
 void Balancer::finish_step() {
   last_loads_ = loads_;
   for (auto& l : loads_) std::fill(l.begin(), l.end(), 0);
+}
+
+void Balancer::reduce_across(DataParallel& dp) {
+  std::vector<int64_t> buf;
+  buf.reserve(size_t(layers_ * E_));
+  for (auto& l : loads_) buf.insert(buf.end(), l.begin(), l.end());
+  dp.allreduce_sum_i64(buf.data(), int64_t(buf.size()), "balancer.loads");
+  for (int64_t l = 0; l < layers_; ++l) std::copy(buf.begin() + l * E_, buf.begin() + (l + 1) * E_, loads_[l].begin());
 }
 
 // ---- Quantile Balancing ----
@@ -125,6 +135,63 @@ void QuantileBalancer::update(const std::vector<float*>& biases) {
     for (auto& v : per_expert_[l]) v.clear();
   }
   finish_step();
+}
+
+// One all-reduce of int64: per layer [tokens observed | loads (E) | histogram (E x bins)]
+// (the histogram part absent in exact mode, whose margins are gathered instead: per layer and
+// expert the count, then the values, every rank's appended in rank order).
+void QuantileBalancer::reduce_across(DataParallel& dp) {
+  const int64_t hb = opt_.exact ? 0 : E_ * opt_.bins;
+  std::vector<int64_t> buf;
+  buf.reserve(size_t(layers_ * (1 + E_ + hb)));
+  for (int64_t l = 0; l < layers_; ++l) {
+    buf.push_back(count_[l]);
+    buf.insert(buf.end(), loads_[l].begin(), loads_[l].end());
+    if (hb) {
+      if (hist_[l].size() != size_t(hb)) hist_[l].assign(size_t(hb), 0);
+      buf.insert(buf.end(), hist_[l].begin(), hist_[l].end());
+    }
+  }
+  dp.allreduce_sum_i64(buf.data(), int64_t(buf.size()), opt_.exact ? "balancer.loads" : "balancer.qb_histogram");
+  size_t at = 0;
+  for (int64_t l = 0; l < layers_; ++l) {
+    count_[l] = buf[at++];
+    std::copy(buf.begin() + int64_t(at), buf.begin() + int64_t(at) + E_, loads_[l].begin());
+    at += size_t(E_);
+    if (hb) {
+      std::copy(buf.begin() + int64_t(at), buf.begin() + int64_t(at) + hb, hist_[l].begin());
+      at += size_t(hb);
+    }
+  }
+  if (!opt_.exact) return;
+  std::vector<float> mine;
+  for (int64_t l = 0; l < layers_; ++l)
+    for (int64_t j = 0; j < E_; ++j) {
+      const auto& v = per_expert_[l][j];
+      const uint32_t n = uint32_t(v.size());
+      float f;
+      std::memcpy(&f, &n, sizeof f);  // counts travel as the bits of a float
+      mine.push_back(f);
+    }
+  for (int64_t l = 0; l < layers_; ++l)
+    for (int64_t j = 0; j < E_; ++j) mine.insert(mine.end(), per_expert_[l][j].begin(), per_expert_[l][j].end());
+  std::vector<size_t> counts;
+  const std::vector<float> all = dp.allgatherv(mine.data(), mine.size(), "balancer.qb_margins", &counts);
+  for (auto& le : per_expert_)
+    for (auto& v : le) v.clear();
+  size_t base = 0;
+  for (size_t r = 0; r < counts.size(); ++r) {
+    size_t vals = base + size_t(layers_ * E_);
+    for (int64_t l = 0; l < layers_; ++l)
+      for (int64_t j = 0; j < E_; ++j) {
+        uint32_t n;
+        std::memcpy(&n, &all[base + size_t(l * E_ + j)], sizeof n);
+        auto& v = per_expert_[l][j];
+        v.insert(v.end(), all.begin() + int64_t(vals), all.begin() + int64_t(vals + n));
+        vals += n;
+      }
+    base += counts[r];
+  }
 }
 
 // ---- DeepSeek sign update ----

@@ -18,6 +18,8 @@
 
 namespace k3 {
 
+class DataParallel;  // train/parallel.h
+
 double max_violation(const int64_t* loads, int64_t E);  // MaxVio of one load vector
 
 // Counts of tokens per expert from a routing (topk_idx [m, k]).
@@ -33,6 +35,11 @@ class Balancer {
   // and resets the step's statistics. Returns nothing; loads are kept for reporting.
   virtual void update(const std::vector<float*>& biases) = 0;
   virtual std::string name() const = 0;
+  // Data parallel: makes the step's statistics those of the global batch (every rank's
+  // observations), exactly, before update(): loads and histogram counts are integers and are
+  // summed; the exact quantile's margins are gathered (a quantile depends on the set of
+  // values, not on their order). Collective over dp; every rank then computes the same bias.
+  virtual void reduce_across(DataParallel& dp);
   // Serialisable state beyond the biases themselves (none for the bias-only balancers).
   // Per-layer loads of the last completed step (for metrics).
   const std::vector<std::vector<int64_t>>& last_loads() const { return last_loads_; }
@@ -56,6 +63,7 @@ class QuantileBalancer : public Balancer {
   void observe(int64_t layer, const float* scores, const float* bias, const int32_t* topk_idx, int64_t m) override;
   void update(const std::vector<float*>& biases) override;
   std::string name() const override { return opt_.exact ? "qb-exact" : "qb-hist"; }
+  void reduce_across(DataParallel& dp) override;
 
   // The quantile of the negated margins of expert j in `layer` (exposed for tests):
   // b_j before centring is -quantile_{1-k/E}(r_{:,j}) = quantile_{k/E}(-r_{:,j}).

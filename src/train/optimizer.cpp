@@ -96,20 +96,36 @@ void Optimizer::step(double lr) {
   }
 }
 
-double global_grad_norm(const std::vector<ParamRef>& params) {
+std::vector<double> param_sq_norms(const std::vector<ParamRef>& params) {
+  std::vector<double> out(params.size(), 0.0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamRef& p = params[i];
+    double ss = 0;
+    for (int64_t j = 0; j < p.rows * p.cols; ++j) ss += double(p.g[j]) * p.g[j];
+    out[i] = ss;
+  }
+  return out;
+}
+
+double norm_of_sq_norms(const std::vector<double>& sq) {
   double ss = 0;
-  for (auto& p : params)
-    for (int64_t i = 0; i < p.rows * p.cols; ++i) ss += double(p.g[i]) * p.g[i];
+  for (double v : sq) ss += v;
   return std::sqrt(ss);
 }
 
-double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm) {
-  const double norm = global_grad_norm(params);
+double global_grad_norm(const std::vector<ParamRef>& params) { return norm_of_sq_norms(param_sq_norms(params)); }
+
+void clip_grads_to(const std::vector<ParamRef>& params, double norm, double max_norm) {
   if (max_norm > 0 && norm > max_norm) {
     const float s = float(max_norm / (norm + 1e-6));
     for (auto& p : params)
       for (int64_t i = 0; i < p.rows * p.cols; ++i) p.g[i] *= s;
   }
+}
+
+double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm) {
+  const double norm = global_grad_norm(params);
+  clip_grads_to(params, norm, max_norm);
   return norm;
 }
 

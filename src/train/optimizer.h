@@ -62,8 +62,15 @@ class Optimizer {
 void newton_schulz5(float* X, int64_t rows, int64_t cols, int steps, float* scratch);
 
 // Global L2 norm of all gradients, and in-place scaling to max_norm (no-op when below).
+// The norm is the square root of the per-parameter sums of squares (param_sq_norms, each a
+// double accumulated in element order) added in parameter order, so a data-parallel run
+// whose ranks own disjoint parameters (ZeRO-1) gathers those sums and gets the same double.
+std::vector<double> param_sq_norms(const std::vector<ParamRef>& params);
+double norm_of_sq_norms(const std::vector<double>& sq);
 double global_grad_norm(const std::vector<ParamRef>& params);
 double clip_grad_norm(const std::vector<ParamRef>& params, double max_norm);  // returns the pre-clip norm
+// The scaling of clip_grad_norm for a norm computed elsewhere (no-op when norm <= max_norm).
+void clip_grads_to(const std::vector<ParamRef>& params, double norm, double max_norm);
 
 // Warmup-stable-decay within one learning-rate segment: linear warmup from 0 to `peak`
 // over `warmup` steps, constant, then decay to `end` over the last `decay` steps

@@ -26,6 +26,7 @@
 #include "train/long_mix.h"
 #include "train/metrics.h"
 #include "train/model_grad.h"
+#include "train/parallel.h"
 #include "train/trainer_internal.h"
 
 namespace k3 {
@@ -109,6 +110,17 @@ struct Trainer::Impl {
   std::vector<Tensor> grads;  // [P] each [weights().size()], carved like the weights
   std::vector<std::unique_ptr<TrainScratch>> scratch;
   std::unique_ptr<ShardedOptimizer> optim;
+  // Data parallel (opt.dp): this rank R of NR; zero: ZeRO-1 (optim holds only the parameters
+  // of owner_cut[R] .. owner_cut[R + 1]); bounds: the ranks' owned ranges of the weight and
+  // gradient buffers (whole parameters); state_off: each parameter's offset in the optimiser
+  // state of all parameters (2 floats per element), the checkpoint's layout.
+  DataParallel* dp = nullptr;
+  int R = 0, NR = 1;
+  bool zero = false;
+  std::vector<size_t> owner_cut;
+  std::vector<int64_t> bounds, state_off;
+  int64_t n_trained = 0;  // parameters the optimiser trains (all ranks together)
+  std::vector<int32_t> skip_seq;
   std::unique_ptr<Balancer> balancer;
   LossOptions loss_opt;
   std::vector<float*> biases;  // [n_moe] e_score_correction_bias of each MoE layer
@@ -138,7 +150,8 @@ struct Trainer::Impl {
   std::vector<std::unique_ptr<EvalScratch>> eval_scratch;
 
   Impl(const RunConfig& r, const TrainOptions& o)
-      : run(r), opt(o), progress(o.log ? o.log : stderr, o.log && ::isatty(::fileno(o.log)), o.quiet || !o.log) {}
+      : run(r), opt(o), progress(o.log ? o.log : stderr, o.log && ::isatty(::fileno(o.log)),
+                                 o.quiet || !o.log || (o.dp && o.dp->rank() != 0)) {}
 
   void setup();
   void resolve_vocabulary(const Corpus& corpus, const K3Config& cfg);
@@ -158,6 +171,15 @@ void Trainer::Impl::setup() {
   if (opt.out_dir.empty()) fail("train: --out is required (the output directory)");
   set_num_threads(opt.threads > 0 ? opt.threads : int(run.threads));
   P = num_threads();
+  dp = opt.dp;
+  if (dp) R = dp->rank(), NR = dp->size();
+  for (size_t i = 0; i < run.stages.size() && NR > 1; ++i)
+    if ((run.micro_batch_tokens / run.stages[i].seq_len) % NR != 0)
+      fail_input(run.path, "micro_batch_tokens",
+                 "holds " + std::to_string(run.micro_batch_tokens / run.stages[i].seq_len) + " sequences of stage " +
+                     std::to_string(i) + " (seq_len " + std::to_string(run.stages[i].seq_len) +
+                     "), which the " + std::to_string(NR) +
+                     " data-parallel ranks cannot share equally: make it a multiple of seq_len x ranks");
   make_directories(opt.out_dir);
   ckpt_dir = (fs::path(opt.out_dir) / "checkpoint").string();
   std::error_code ec;
@@ -226,9 +248,26 @@ void Trainer::Impl::setup() {
   std::vector<double> lr_scale;
   for (const ParamRef& p : refs)
     lr_scale.push_back(ends_with(p.name, ".block_sparse_moe.gate.weight") ? run.router_lr_scale : 1.0);
+  state_off.assign(refs.size() + 1, 0);
+  for (size_t i = 0; i < refs.size(); ++i) state_off[i + 1] = state_off[i] + 2 * refs[i].rows * refs[i].cols;
+  n_trained = state_off.back() / 2;
+  owner_cut = partition_params(refs, NR);
+  bounds.assign(size_t(NR) + 1, total);
+  bounds[0] = 0;
+  for (int r = 1; r < NR; ++r)
+    bounds[size_t(r)] = owner_cut[size_t(r)] < refs.size() ? refs[owner_cut[size_t(r)]].g - grads[0].data<float>() : total;
+  zero = dp && opt.shard_optimizer && NR > 1;
+  if (zero) {
+    const auto b = int64_t(owner_cut[size_t(R)]), e = int64_t(owner_cut[size_t(R) + 1]);
+    refs = std::vector<ParamRef>(refs.begin() + b, refs.begin() + e);
+    lr_scale = std::vector<double>(lr_scale.begin() + b, lr_scale.begin() + e);
+  }
   optim = std::make_unique<ShardedOptimizer>(std::move(refs), oo, 4 * P, lr_scale);
   if (opt.resume) {
-    if (int64_t(opt_state.size()) != optim->state_elements()) fail_input(ckpt_dir, "train_state", "optimizer state size");
+    if (int64_t(opt_state.size()) != state_off.back()) fail_input(ckpt_dir, "train_state", "optimizer state size");
+    if (zero)  // this rank's parameters' moments (the checkpoint holds every parameter's)
+      opt_state = std::vector<float>(opt_state.begin() + state_off[owner_cut[size_t(R)]],
+                                     opt_state.begin() + state_off[owner_cut[size_t(R) + 1]]);
     optim->set_state(opt_state);
     optim->set_steps(st.optimizer_steps);
     opt_state.clear();
@@ -290,15 +329,22 @@ void Trainer::Impl::resolve_vocabulary(const Corpus& corpus, const K3Config& cfg
     bo.base_vocab = int32_t(n - kReservedSpecialIds);
     bo.min_frequency = tc.min_frequency;
     const DocumentSplit docs = split_documents(corpus, run.heldout_every, true);
-    const BpeTrainResult r = train_bpe(docs.train, bo);  // the held-out documents are never seen
     const std::string dir = (fs::path(opt.out_dir) / "tokenizer").string();
-    write_tokenizer_dir(dir, r.ranks);
-    vocab = Vocabulary::load_tiktoken_dir(dir);
-    const std::string early =
-        r.exhausted ? ", stopped early: no pair left occurring " + std::to_string(tc.min_frequency) + "+ times" : "";
-    progress.message("train: vocabulary of " + std::to_string(vocab.vocab_size()) + " ids (" + std::to_string(r.merges) +
-                     " merges" + early + ") learnt from the " + std::to_string(docs.train.size()) +
-                     " training documents -> " + dir + " [" + fmt("%.2f", seconds_since(t0)) + " s]");
+    if (R != 0) {  // data parallel: rank 0 learns and writes the vocabulary, the others read it
+      dp->barrier("tokenizer.written");
+      vocab = Vocabulary::load_tiktoken_dir(dir);
+    } else {
+      const BpeTrainResult r = train_bpe(docs.train, bo);  // the held-out documents are never seen
+      write_tokenizer_dir(dir, r.ranks);
+      if (dp) dp->barrier("tokenizer.written");
+      vocab = Vocabulary::load_tiktoken_dir(dir);
+      const std::string early =
+          r.exhausted ? ", stopped early: no pair left occurring " + std::to_string(tc.min_frequency) + "+ times" : "";
+      progress.message("train: vocabulary of " + std::to_string(vocab.vocab_size()) + " ids (" +
+                       std::to_string(r.merges) + " merges" + early + ") learnt from the " +
+                       std::to_string(docs.train.size()) + " training documents -> " + dir + " [" +
+                       fmt("%.2f", seconds_since(t0)) + " s]");
+    }
   }
   if (vocab.vocab_size() > cfg.vocab_size)
     fail_input(run.model_config, "vocab_size",
@@ -353,37 +399,42 @@ std::vector<double> Trainer::Impl::step_maxvio() const {
 StepStats Trainer::Impl::train_step() {
   const StageConfig& sc = run.stages[size_t(st.stage)];
   const int64_t T = sc.seq_len, nseq = run.micro_batch_tokens / T, nmicro = run.batch_tokens / run.micro_batch_tokens;
+  // Data parallel: this rank trains sequences [first, first + nl) of every micro-batch; every
+  // rank reads the whole micro-batch from the stream, so the stream position stays global.
+  const int64_t nl = nseq / NR, first = R * nl;
   const int64_t targets = nmicro * nseq * T;
   const double scale = 1.0 / double(targets);
   const auto t0 = Clock::now();
   const int64_t total = model->weights().size();
-  const bool par = P > 1 && nseq > 1;
+  const bool par = P > 1 && nl > 1;
   // Zero the gradient buffers (each thread its own: first touch stays local).
 #pragma omp parallel for schedule(static) num_threads(P)
   for (int t = 0; t < P; ++t) std::memset(grads[size_t(t)].data<float>(), 0, sizeof(float) * size_t(total));
 
-  seqs.resize(size_t(nseq * (T + 1)));
-  routing.resize(size_t(nseq));
-  results.resize(size_t(nseq));
-  double loss_sum = 0, aux_sum = 0;
-  int64_t long_seqs = 0;
+  seqs.resize(size_t(nl * (T + 1)));
+  skip_seq.resize(size_t(T + 1));
+  routing.resize(size_t(nl));
+  results.resize(size_t(nl));
+  std::vector<double> part(size_t(2 * nmicro * nl));  // per local sequence: loss_sum, aux_loss
+  int64_t long_seqs = 0;  // of the global batch (every rank forms every sequence's data)
   const TextEncoder encode = [this](const std::string& text) { return vocab.encode(text); };
   for (int64_t mb = 0; mb < nmicro; ++mb) {
     for (int64_t s = 0; s < nseq; ++s) {
-      int32_t* seq = seqs.data() + s * (T + 1);
+      int32_t* seq = s >= first && s < first + nl ? seqs.data() + (s - first) * (T + 1) : skip_seq.data();
       stream->next(seq);  // advances even when replaced: the data position never depends on the mix
       long_seqs += mix_long_sample(sc.long_tasks, encode, run.seed, st.step, mb * nseq + s, T, seq);
     }
-    for_each_sequence(nseq, P, par, [&](int64_t s, int tid) {
+    for_each_sequence(nl, P, par, [&](int64_t s, int tid) {
       results[size_t(s)] = forward_backward(*model, seqs.data() + s * (T + 1), T, scale, grads[size_t(tid)].data<float>(),
                                             *scratch[size_t(tid)], loss_opt, balancer ? &routing[size_t(s)] : nullptr);
     });
-    for (int64_t s = 0; s < nseq; ++s) loss_sum += results[size_t(s)].loss_sum, aux_sum += results[size_t(s)].aux_loss;
+    for (int64_t s = 0; s < nl; ++s)
+      part[size_t(2 * (mb * nl + s))] = results[size_t(s)].loss_sum, part[size_t(2 * (mb * nl + s) + 1)] = results[size_t(s)].aux_loss;
     if (balancer) {
       // Per layer, sequences in order (layers are independent in the balancer).
 #pragma omp parallel for schedule(static) num_threads(P)
       for (int64_t l = 0; l < n_moe; ++l)
-        for (int64_t s = 0; s < nseq; ++s) {
+        for (int64_t s = 0; s < nl; ++s) {
           const SequenceRouting& r = routing[size_t(s)];
           balancer->observe(l, r.scores[size_t(l)].data(), r.bias[size_t(l)].data(), r.topk[size_t(l)].data(), r.T);
         }
@@ -391,8 +442,8 @@ StepStats Trainer::Impl::train_step() {
   }
   const double t_fb = seconds_since(t0);
   // Sum the per-thread gradients into buffer 0, in thread order (deterministic).
+  float* g0 = grads[0].data<float>();
   if (par) {
-    float* g0 = grads[0].data<float>();
     const int64_t chunk = 1 << 14;
 #pragma omp parallel for schedule(static) num_threads(P)
     for (int64_t c0 = 0; c0 < total; c0 += chunk) {
@@ -403,17 +454,46 @@ StepStats Trainer::Impl::train_step() {
       }
     }
   }
+  // The step's losses in the order one process sums them: micro-batch, then sequence (the
+  // ranks' sequences of a micro-batch follow each other in rank order).
+  if (dp) {
+    part = dp->allgatherv(part.data(), part.size(), "loss.gather");
+    // Ranks in order: then the gradients, summed in rank order (((g_0 + g_1) + g_2) ...), the
+    // order in which one process of NR threads sums its thread buffers above.
+    dp->reduce_sum_ordered(g0, total, bounds, !zero, "grad.reduce");
+    if (balancer) balancer->reduce_across(*dp);
+  }
+  double loss_sum = 0, aux_sum = 0;
+  for (int64_t mb = 0; mb < nmicro; ++mb)
+    for (int r = 0; r < NR; ++r)
+      for (int64_t s = 0; s < nl; ++s) {
+        const size_t i = size_t(2 * ((int64_t(r) * nmicro + mb) * nl + s));
+        loss_sum += part[i], aux_sum += part[i + 1];
+      }
   const double loss = loss_sum / double(targets);
   if (!std::isfinite(loss))
     fail("train: the loss is " + fmt("%g", loss) + " at step " + std::to_string(st.step + 1) +
          " (diverged); the last checkpoint is kept: lower the learning rate and resume or restart");
   const auto t1 = Clock::now();
-  const double gnorm = clip_grad_norm(optim->params(), run.grad_clip);
+  double gnorm;
+  if (zero) {  // each rank holds the summed gradients of its own parameters only
+    const std::vector<double> sq = param_sq_norms(optim->params());
+    gnorm = norm_of_sq_norms(dp->allgatherv(sq.data(), sq.size(), "grad.norm"));
+    clip_grads_to(optim->params(), gnorm, run.grad_clip);
+  } else {
+    gnorm = clip_grad_norm(optim->params(), run.grad_clip);
+  }
   const int64_t nsteps = steps_of[size_t(st.stage)];
   const double lr = wsd_lr(st.stage_step, nsteps, sc.lr_peak, sc.lr_end, sc.warmup_steps,
                            std::llround(sc.decay_frac * double(nsteps)));
   optim->step(lr);
+  if (zero) dp->allgather_ranges(model->weights().data(), bounds, "param.allgather");
   if (balancer) balancer->update(biases);  // QB: the new biases route the next step
+  if (dp && balancer) {
+    std::vector<float> all_bias;
+    for (float* b : biases) all_bias.insert(all_bias.end(), b, b + E);
+    dp->check_identical(all_bias.data(), all_bias.size() * sizeof(float), "router biases (e_score_correction_bias)");
+  }
   const double dt = seconds_since(t0), t_opt = seconds_since(t1);
 
   st.step++, st.stage_step++;
@@ -467,7 +547,11 @@ EvalResult Trainer::Impl::evaluate(int64_t T, int64_t max_tokens) {
   std::vector<double> nats(size_t(n), 0.0);
   std::vector<int64_t> bytes(size_t(n), 0);
   std::vector<std::vector<int64_t>> loads(size_t(P), std::vector<int64_t>(size_t(n_moe * E), 0));
-  for_each_sequence(n, P, P > 1 && n > 1, [&](int64_t w, int tid) {
+  // Data parallel: rank R evaluates windows [w0, w1); the per-window figures are gathered, so
+  // the totals are summed in window order as one process sums them.
+  const int64_t w0 = n * R / NR, w1 = n * (R + 1) / NR;
+  for_each_sequence(w1 - w0, P, P > 1 && w1 - w0 > 1, [&](int64_t i, int tid) {
+    const int64_t w = w0 + i;
     EvalScratch& es = *eval_scratch[size_t(tid)];
     const int32_t* ids = data.heldout.data() + w * T;
     es.ds.reset(model->dims());
@@ -488,6 +572,16 @@ EvalResult Trainer::Impl::evaluate(int64_t T, int64_t max_tokens) {
     for (int64_t l = 0; l < n_moe; ++l)
       count_loads(loads[size_t(tid)].data() + l * E, es.rec.layers[size_t(first_moe + l)].routing.idx.data(), T, topk, E);
   });
+  if (dp) {
+    std::vector<double> mine(nats.begin() + w0, nats.begin() + w1);
+    nats = dp->allgatherv(mine.data(), mine.size(), "eval.gather");
+    std::vector<int64_t> mb(bytes.begin() + w0, bytes.begin() + w1);
+    bytes = dp->allgatherv(mb.data(), mb.size(), "eval.gather");
+    for (int t = 1; t < P; ++t)
+      for (size_t j = 0; j < loads[0].size(); ++j) loads[0][j] += loads[size_t(t)][j];
+    for (int t = 1; t < P; ++t) std::fill(loads[size_t(t)].begin(), loads[size_t(t)].end(), 0);
+    dp->allreduce_sum_i64(loads[0].data(), int64_t(loads[0].size()), "eval.loads");
+  }
   EvalResult r;
   double total = 0;
   for (int64_t w = 0; w < n; ++w) total += nats[size_t(w)], r.bytes += bytes[size_t(w)];
@@ -561,14 +655,17 @@ void Trainer::Impl::save() {
   st.data_cursor = running ? stream->cursor() : 0;
   st.optimizer_steps = optim->steps();
   st.weights_hash = content_hash(model->weights().data(), size_t(model->weights().size()) * sizeof(float));
+  if (dp) dp->check_identical(st.weights_hash.data(), st.weights_hash.size(), "weights");
   optim->get_state(opt_state);
+  if (zero) opt_state = dp->allgatherv(opt_state.data(), opt_state.size(), "checkpoint.optimizer_state");
   SaveOptions so;
   so.before_commit = [&](const std::string& tmp) {
     vocab.save(tmp);  // the checkpoint is a model directory: tokenizer beside config and weights
     save_train_state((fs::path(tmp) / "train_state.safetensors").string(), st, opt_state);
     write_text_file_atomic((fs::path(tmp) / "run.json").string(), run_config_to_json(run));
   };
-  save_checkpoint(ckpt_dir, model->weights(), so);
+  if (R == 0) save_checkpoint(ckpt_dir, model->weights(), so);  // data parallel: rank 0 writes it
+  if (dp) dp->barrier("checkpoint.written");  // no rank runs ahead of the checkpoint
   opt_state.clear();
   opt_state.shrink_to_fit();
   last_saved_step = st.step;
@@ -601,11 +698,11 @@ void Trainer::Impl::begin() {
   if (begun) return;
   begun = true;
   const int64_t n_stages = int64_t(run.stages.size());
-  metrics.open((fs::path(opt.out_dir) / "metrics.jsonl").string(), opt.resume ? st.step : -1);
-  int64_t n_params = 0;
-  for (const ParamRef& p : optim->params()) n_params += p.rows * p.cols;
+  if (R == 0) metrics.open((fs::path(opt.out_dir) / "metrics.jsonl").string(), opt.resume ? st.step : -1);
+  const int64_t n_params = n_trained;
   metrics.write({{"type", opt.resume ? "resume" : "start"}, {"step", st.step}, {"run", run.path},
-                 {"model", run.model_config}, {"parameters", n_params}, {"threads", P},
+                 {"model", run.model_config}, {"parameters", n_params}, {"threads", P}, {"dp_ranks", NR},
+                 {"zero1", zero},
                  {"total_steps", total_steps}, {"train_tokens", int64_t(data.train.size())},
                  {"heldout_tokens", int64_t(data.heldout.size())}, {"unigram_bpb", unigram_bpb},
                  {"cpu", cpu_model_name()}, {"simd_target", simd_target().name}});
@@ -613,7 +710,9 @@ void Trainer::Impl::begin() {
                    " train / " + std::to_string(data.heldout.size()) + " held-out tokens (unigram baseline " +
                    fmt("%.3f", unigram_bpb) + " bits/byte), " + std::to_string(n_stages) + " stages, " +
                    std::to_string(total_steps) + " steps of " + std::to_string(run.batch_tokens) + " tokens, " +
-                   std::to_string(P) + " threads, optimizer " + run.optimizer + ", balancer " + run.balancer);
+                   std::to_string(P) + " threads" +
+                   (NR > 1 ? " x " + std::to_string(NR) + " data-parallel ranks" + (zero ? " (ZeRO-1)" : "") : "") +
+                   ", optimizer " + run.optimizer + ", balancer " + run.balancer);
   if (st.stage < n_stages) {
     stream = std::make_unique<SequenceStream>(&data.train, run.stages[size_t(st.stage)].seq_len, run.seed);
     if (opt.resume) {
@@ -665,5 +764,21 @@ const Vocabulary& Trainer::tokenizer() const { return impl_->vocab; }
 const RunConfig& Trainer::run_config() const { return impl_->run; }
 EvalResult Trainer::evaluate(int64_t seq_len, int64_t max_tokens) { return impl_->evaluate(seq_len, max_tokens); }
 int64_t Trainer::stage_steps(size_t stage) const { return impl_->steps_of.at(stage); }
+
+std::vector<float> Trainer::last_gradients() {
+  Impl& m = *impl_;
+  const float* g = m.grads[0].data<float>();
+  std::vector<float> out(g, g + m.model->weights().size());
+  if (m.zero) m.dp->allgather_ranges(out.data(), m.bounds, "last_gradients");
+  return out;
+}
+
+std::vector<float> Trainer::optimizer_state() {
+  Impl& m = *impl_;
+  std::vector<float> s;
+  m.optim->get_state(s);
+  if (m.zero) s = m.dp->allgatherv(s.data(), s.size(), "optimizer_state");
+  return s;
+}
 
 }  // namespace k3

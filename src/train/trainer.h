@@ -48,6 +48,8 @@
 
 namespace k3 {
 
+class DataParallel;  // train/parallel.h
+
 struct TrainOptions {
   std::string out_dir;
   bool resume = false;          // continue DIR/checkpoint (refused if it does not match the run)
@@ -55,6 +57,16 @@ struct TrainOptions {
   int threads = 0;              // > 0: overrides the run file's `threads`
   bool quiet = false;           // no progress output
   std::FILE* log = stderr;      // progress and messages
+  // Data parallel (src/dist): every rank runs a Trainer with the same run file and options;
+  // rank r trains sequences [r n/N, (r + 1) n/N) of each micro-batch of n sequences (n must
+  // be a multiple of N), the gradients are summed in rank order, the balancer's statistics
+  // and the losses are those of the global batch, and rank 0 alone writes metrics and
+  // checkpoints (the same files as a single process). nullptr: a single process.
+  DataParallel* dp = nullptr;
+  // With dp: ZeRO-1, each rank keeps the optimiser state of (and steps) only the parameters
+  // it owns, whole matrices assigned to ranks in contiguous runs of about equal optimiser
+  // cost; the updated parameters are then gathered. false: every rank steps everything.
+  bool shard_optimizer = true;
 };
 
 // Held-out evaluation: non-overlapping windows of seq_len + 1 tokens from the start of the
@@ -106,6 +118,12 @@ class Trainer {
   const RunConfig& run_config() const;
   EvalResult evaluate(int64_t seq_len, int64_t max_tokens);  // held-out; max_tokens 0: all
   int64_t stage_steps(size_t stage) const;
+  // The optimiser moments of every parameter in checkpoint order (collective with dp and a
+  // sharded optimiser: gathered from the owners).
+  std::vector<float> optimizer_state();
+  // The last step's summed (and clipped) gradient, carved like the weights (collective with dp
+  // and a sharded optimiser: each range gathered from its owner). For tests.
+  std::vector<float> last_gradients();
 
  private:
   struct Impl;

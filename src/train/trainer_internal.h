@@ -33,6 +33,15 @@ class ShardedOptimizer {
   std::vector<ParamRef> params_;
   std::vector<std::unique_ptr<Optimizer>> shards_;
   std::vector<double> shard_scale_;
+  int64_t t_ = 0;  // steps taken (also when this holds no parameter: a rank that owns none)
 };
+
+// Estimated optimiser work of one parameter (the cost ShardedOptimizer balances): AdamW ~ 12
+// flops per element; Muon per head block 5 Newton-Schulz iterations.
+double optimizer_cost(const ParamRef& p);
+
+// Cuts params into `parts` consecutive runs of about equal optimizer_cost (whole parameters:
+// a Muon matrix is never split); returns parts + 1 indices, cut[0] = 0, cut[parts] = size.
+std::vector<size_t> partition_params(const std::vector<ParamRef>& params, int parts);
 
 }  // namespace k3

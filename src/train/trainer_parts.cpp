@@ -54,26 +54,41 @@ std::vector<ParamRef> optimizer_params(WeightStore& w, float* grads, bool muon) 
 
 // ---- ShardedOptimizer ----
 
+// Estimated work per parameter: AdamW ~ 12 flops per element; Muon per head block (r <= c
+// after orientation) 5 Newton-Schulz iterations of Y Y^T, A A and B Y.
+double optimizer_cost(const ParamRef& p) {
+  const double n = double(p.rows * p.cols);
+  if (p.kind != OptKind::Muon) return 12 * n;
+  const double r0 = double(p.rows / p.heads), c0 = double(p.cols);
+  const double r = std::min(r0, c0), cc = std::max(r0, c0);
+  return 6 * n + double(p.heads) * 5 * (4 * r * r * cc + 2 * r * r * r) + 1e3 * double(p.heads);
+}
+
+std::vector<size_t> partition_params(const std::vector<ParamRef>& params, int parts) {
+  K3_ASSERT(parts >= 1);
+  std::vector<double> prefix(params.size() + 1, 0.0);
+  for (size_t i = 0; i < params.size(); ++i) prefix[i + 1] = prefix[i] + optimizer_cost(params[i]);
+  std::vector<size_t> cut(size_t(parts) + 1, params.size());
+  cut[0] = 0;
+  // Part r ends at the first parameter boundary whose running cost reaches (r + 1) / parts of
+  // the total (nearest boundary), never before the previous cut.
+  for (int r = 1; r < parts; ++r) {
+    const double target = prefix.back() * double(r) / double(parts);
+    size_t i = cut[size_t(r - 1)];
+    while (i < params.size() && prefix[i + 1] <= target) ++i;
+    if (i < params.size() && target - prefix[i] > prefix[i + 1] - target) ++i;  // nearer boundary
+    cut[size_t(r)] = std::max(i, cut[size_t(r - 1)]);
+  }
+  return cut;
+}
+
 ShardedOptimizer::ShardedOptimizer(std::vector<ParamRef> params, const OptimizerOptions& o, int shards,
                                    const std::vector<double>& lr_scale) {
   K3_ASSERT(lr_scale.empty() || lr_scale.size() == params.size(), "one lr scale per parameter");
   auto scale = [&](size_t i) { return lr_scale.empty() ? 1.0 : lr_scale[i]; };
-  // Estimated work per parameter: AdamW ~ 12 flops per element; Muon per head block
-  // (r <= c after orientation) 5 Newton-Schulz iterations of Y Y^T, A A and B Y.
   std::vector<double> cost(params.size());
   double total = 0;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const ParamRef& p = params[i];
-    const double n = double(p.rows * p.cols);
-    if (p.kind == OptKind::Muon) {
-      const double r0 = double(p.rows / p.heads), c0 = double(p.cols);
-      const double r = std::min(r0, c0), cc = std::max(r0, c0);
-      cost[i] = 6 * n + double(p.heads) * 5 * (4 * r * r * cc + 2 * r * r * r) + 1e3 * double(p.heads);
-    } else {
-      cost[i] = 12 * n;
-    }
-    total += cost[i];
-  }
+  for (size_t i = 0; i < params.size(); ++i) total += cost[i] = optimizer_cost(params[i]);
   // Cut where the running cost passes the next multiple of total / shards, and wherever the
   // lr scale changes.
   const double chunk = total / double(std::max(1, shards));
@@ -100,11 +115,13 @@ void ShardedOptimizer::step(double lr) {
   const int64_t n = int64_t(shards_.size());
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t s = 0; s < n; ++s) shards_[size_t(s)]->step(lr * shard_scale_[size_t(s)]);
+  ++t_;
 }
 
-int64_t ShardedOptimizer::steps() const { return shards_.empty() ? 0 : shards_[0]->steps(); }
+int64_t ShardedOptimizer::steps() const { return t_; }
 
 void ShardedOptimizer::set_steps(int64_t t) {
+  t_ = t;
   for (auto& s : shards_) s->set_steps(t);
 }
 

@@ -1,0 +1,158 @@
+// Data-parallel collectives over a Comm (see data_parallel.h).
+#include "dist/data_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+
+#include "core/error.h"
+#include "dist/runtime.h"
+
+namespace k3::dist {
+
+std::vector<int64_t> even_bounds(int64_t n, int parts) {
+  std::vector<int64_t> b(size_t(parts) + 1);
+  for (int r = 0; r <= parts; ++r) b[size_t(r)] = n * r / parts;
+  return b;
+}
+
+CommDataParallel::CommDataParallel(Comm& comm, int64_t bucket_bytes, int inflight)
+    : comm_(comm), bucket_bytes_(std::max<int64_t>(bucket_bytes, 64)), inflight_(std::max(1, inflight)) {}
+
+template <typename T>
+void CommDataParallel::reduce_scatter_ordered(T* g, int64_t n, const std::vector<int64_t>& bounds,
+                                              const std::string& label) {
+  const int N = size(), me = rank();
+  K3_ASSERT(int(bounds.size()) == N + 1 && bounds[0] == 0 && bounds[size_t(N)] == n, label + ": bounds");
+  if (N == 1) return;
+  const int64_t B = std::max<int64_t>(1, bucket_bytes_ / int64_t(sizeof(T)));
+  struct Slot {
+    int64_t m0 = 0, m1 = 0;  // this rank's owned part of the bucket
+    std::vector<T> recv;     // [N, m1 - m0]: every rank's values there, in rank order
+    Comm::RequestPtr req;
+  };
+  std::deque<Slot> pending;
+  const size_t nr = static_cast<size_t>(N);
+  std::vector<int64_t> sc(nr), sd(nr), rc(nr), rd(nr);
+  auto finish = [&](Slot& s) {
+    comm_.wait(s.req);
+    const int64_t m = s.m1 - s.m0;
+    T* out = g + s.m0;
+    const T* r0 = s.recv.data();
+    for (int64_t i = 0; i < m; ++i) {
+      T a = r0[i];
+      for (int q = 1; q < N; ++q) a += r0[size_t(q) * size_t(m) + size_t(i)];
+      out[i] = a;
+    }
+  };
+  for (int64_t b0 = 0; b0 < n; b0 += B) {
+    const int64_t b1 = std::min(n, b0 + B);
+    for (int p = 0; p < N; ++p) {
+      const int64_t lo = std::clamp(bounds[size_t(p)], b0, b1), hi = std::clamp(bounds[size_t(p) + 1], b0, b1);
+      sc[size_t(p)] = (hi - lo) * int64_t(sizeof(T));
+      sd[size_t(p)] = (lo - b0) * int64_t(sizeof(T));
+    }
+    Slot s;
+    s.m0 = std::clamp(bounds[size_t(me)], b0, b1), s.m1 = std::clamp(bounds[size_t(me) + 1], b0, b1);
+    const int64_t m = s.m1 - s.m0;
+    s.recv.resize(size_t(N * m));
+    for (int q = 0; q < N; ++q) rc[size_t(q)] = m * int64_t(sizeof(T)), rd[size_t(q)] = q * m * int64_t(sizeof(T));
+    s.req = comm_.ialltoallv(g + b0, sc.data(), sd.data(), s.recv.data(), rc.data(), rd.data(), label);
+    pending.push_back(std::move(s));
+    if (int(pending.size()) >= inflight_) {
+      finish(pending.front());
+      pending.pop_front();
+    }
+  }
+  while (!pending.empty()) {
+    finish(pending.front());
+    pending.pop_front();
+  }
+}
+
+template <typename T>
+void CommDataParallel::allgather_ranges_t(T* x, const std::vector<int64_t>& bounds, const std::string& label) {
+  const int N = size(), me = rank();
+  K3_ASSERT(int(bounds.size()) == N + 1, label + ": bounds");
+  if (N == 1) return;
+  // Rounds of at most C elements per rank, through a staging buffer (int displacements).
+  const int64_t C = std::max<int64_t>(1, bucket_bytes_ / int64_t(sizeof(T)));
+  int64_t longest = 0;
+  for (int r = 0; r < N; ++r) longest = std::max(longest, bounds[size_t(r) + 1] - bounds[size_t(r)]);
+  std::vector<T> stage;
+  const size_t nr = static_cast<size_t>(N);
+  std::vector<int64_t> cnt(nr), dsp(nr);
+  for (int64_t k = 0; k * C < longest; ++k) {
+    int64_t at = 0;
+    for (int r = 0; r < N; ++r) {
+      const int64_t len = bounds[size_t(r) + 1] - bounds[size_t(r)];
+      const int64_t c = std::clamp<int64_t>(len - k * C, 0, C);
+      cnt[size_t(r)] = c * int64_t(sizeof(T)), dsp[size_t(r)] = at * int64_t(sizeof(T));
+      at += c;
+    }
+    stage.resize(size_t(at));
+    comm_.allgatherv(x + bounds[size_t(me)] + k * C, stage.data(), cnt.data(), dsp.data(), label);
+    for (int r = 0; r < N; ++r)
+      if (r != me && cnt[size_t(r)] > 0)
+        std::memcpy(x + bounds[size_t(r)] + k * C, stage.data() + dsp[size_t(r)] / int64_t(sizeof(T)), size_t(cnt[size_t(r)]));
+  }
+}
+
+template void CommDataParallel::reduce_scatter_ordered<float>(float*, int64_t, const std::vector<int64_t>&,
+                                                              const std::string&);
+template void CommDataParallel::reduce_scatter_ordered<int64_t>(int64_t*, int64_t, const std::vector<int64_t>&,
+                                                                const std::string&);
+template void CommDataParallel::allgather_ranges_t<float>(float*, const std::vector<int64_t>&, const std::string&);
+template void CommDataParallel::allgather_ranges_t<int64_t>(int64_t*, const std::vector<int64_t>&, const std::string&);
+
+void CommDataParallel::reduce_sum_ordered(float* g, int64_t n, const std::vector<int64_t>& bounds, bool all,
+                                          const char* label) {
+  maybe_inject_fault(rank(), label);
+  reduce_scatter_ordered(g, n, bounds, std::string(label) + ".reduce_scatter");
+  if (all) allgather_ranges_t(g, bounds, std::string(label) + ".allgather");
+}
+
+void CommDataParallel::allgather_ranges(float* x, const std::vector<int64_t>& bounds, const char* label) {
+  allgather_ranges_t(x, bounds, label);
+}
+
+void CommDataParallel::allreduce_sum_i64(int64_t* v, int64_t n, const char* label) {
+  const std::vector<int64_t> b = even_bounds(n, size());
+  reduce_scatter_ordered(v, n, b, std::string(label) + ".reduce_scatter");
+  allgather_ranges_t(v, b, std::string(label) + ".allgather");
+}
+
+void CommDataParallel::allgatherv_bytes(const void* mine, size_t bytes, std::vector<unsigned char>& out,
+                                        std::vector<size_t>* counts, const char* label) {
+  const int N = size(), me = rank();
+  std::vector<int64_t> sizes(size_t(N), 0);
+  sizes[size_t(me)] = int64_t(bytes);
+  {
+    const size_t nr = static_cast<size_t>(N);
+    std::vector<int64_t> c(nr, int64_t(sizeof(int64_t))), d(nr);
+    for (int r = 0; r < N; ++r) d[size_t(r)] = r * int64_t(sizeof(int64_t));
+    if (N > 1) comm_.allgatherv(&sizes[size_t(me)], sizes.data(), c.data(), d.data(), std::string(label) + ".sizes");
+  }
+  std::vector<int64_t> displs(size_t(N) + 1, 0);
+  for (int r = 0; r < N; ++r) displs[size_t(r) + 1] = displs[size_t(r)] + sizes[size_t(r)];
+  out.resize(size_t(displs[size_t(N)]));
+  if (bytes) std::memcpy(out.data() + displs[size_t(me)], mine, bytes);
+  if (N > 1) {
+    std::vector<int64_t> b(displs.begin(), displs.end());
+    allgather_ranges_t(out.data(), b, label);
+  }
+  if (counts) {
+    counts->resize(size_t(N));
+    for (int r = 0; r < N; ++r) (*counts)[size_t(r)] = size_t(sizes[size_t(r)]);
+  }
+}
+
+void CommDataParallel::broadcast_bytes(void* data, size_t bytes, int root, const char* label) {
+  if (size() > 1) comm_.bcast(data, int64_t(bytes), root, label);
+}
+
+void CommDataParallel::barrier(const char* label) {
+  if (size() > 1) comm_.barrier(label);
+}
+
+}  // namespace k3::dist

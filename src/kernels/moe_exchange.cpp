@@ -1,0 +1,13 @@
+// The process-wide expert exchange (see moe_exchange.h).
+#include "kernels/moe_exchange.h"
+
+namespace k3 {
+
+namespace {
+ExpertExchange* g_exchange = nullptr;
+}
+
+void set_expert_exchange(ExpertExchange* ex) { g_exchange = ex; }
+ExpertExchange* expert_exchange() { return g_exchange; }
+
+}  // namespace k3

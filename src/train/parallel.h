@@ -1,0 +1,60 @@
+// What a data-parallel training run needs from its group of ranks (train/trainer.h,
+// TrainOptions::dp). The interface lives here so the trainer depends on no transport; src/dist
+// implements it over MPI (and NCCL when built with CUDA). Every call is collective over the
+// group: each rank makes the same calls in the same order, with the sizes stated below.
+// `label` names the call in the backend's byte counters and in its timeout message.
+//
+// Determinism: nothing here sums floats in an order the backend chooses. reduce_sum_ordered
+// sums in rank order, ((g_0 + g_1) + g_2) + ..., which is the order in which a single process
+// with one thread per rank sums its per-thread gradient buffers (trainer.cpp), so N ranks of
+// one thread reproduce one process of N threads bit for bit. Integer sums are exact in any
+// order; gathers move bytes.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace k3 {
+
+class DataParallel {
+ public:
+  virtual ~DataParallel() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // g[0, n) on every rank; bounds [size() + 1] (bounds[0] = 0, bounds[size()] = n) splits it into
+  // the ranks' owned ranges. Afterwards rank r's range [bounds[r], bounds[r + 1]) holds the
+  // rank-ordered sum of every rank's values there; with all = true every range does (a
+  // reduce-scatter, then an all-gather of the owned ranges), else the rest of g is left
+  // unspecified (ZeRO-1: each rank steps only what it owns).
+  virtual void reduce_sum_ordered(float* g, int64_t n, const std::vector<int64_t>& bounds, bool all,
+                                  const char* label) = 0;
+  // x[0, n): each rank's range [bounds[r], bounds[r + 1]) goes from its owner to every rank.
+  virtual void allgather_ranges(float* x, const std::vector<int64_t>& bounds, const char* label) = 0;
+  // Element-wise sum of v[0, n) over the ranks (exact), on every rank.
+  virtual void allreduce_sum_i64(int64_t* v, int64_t n, const char* label) = 0;
+  // Every rank's `bytes` bytes (sizes may differ), concatenated in rank order, on every rank;
+  // counts (optional) receives each rank's size.
+  virtual void allgatherv_bytes(const void* mine, size_t bytes, std::vector<unsigned char>& out,
+                                std::vector<size_t>* counts, const char* label) = 0;
+  virtual void broadcast_bytes(void* data, size_t bytes, int root, const char* label) = 0;
+  virtual void barrier(const char* label) = 0;
+
+  // Typed gathers over allgatherv_bytes.
+  template <typename T>
+  std::vector<T> allgatherv(const T* mine, size_t n, const char* label, std::vector<size_t>* counts = nullptr) {
+    std::vector<unsigned char> raw;
+    allgatherv_bytes(mine, n * sizeof(T), raw, counts, label);
+    std::vector<T> out(raw.size() / sizeof(T));
+    if (!raw.empty()) __builtin_memcpy(out.data(), raw.data(), raw.size());
+    if (counts)
+      for (size_t& c : *counts) c /= sizeof(T);
+    return out;
+  }
+  // Refuses (k3::Error on every rank, naming the ranks) unless every rank holds the same bytes:
+  // a 64-bit content hash of them is gathered and compared.
+  void check_identical(const void* data, size_t bytes, const std::string& what);
+};
+
+}  // namespace k3

@@ -1,0 +1,199 @@
+// `mpirun ... k3cpp train --dp N` jobs started by the test (ctest dist_failures, run without
+// mpirun; the jobs use the built k3cpp):
+//  - a rank killed (SIGKILL) mid-run ends the job within seconds with mpirun naming the rank and
+//    the signal, and leaves the last checkpoint intact; resuming it with the same rank count
+//    finishes bitwise equal to a run that never stopped (one process of 2 threads: the same
+//    summation tree as 2 ranks of 1 thread); resuming it with 1 rank does too, and with 4
+//    ranks it completes (a different summation tree: float rounding only);
+//  - a rank that exits without MPI_Finalize ends the job the same way;
+//  - a rank that hangs makes the others abort at --comm-timeout, naming the collective;
+//  - --dp without mpirun, and mpirun without --dp, are refused with one line.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/cli_run.h"
+#include "train/test_trainer_util.h"
+
+namespace fs = std::filesystem;
+
+namespace k3::test {
+namespace {
+
+struct Job {
+  int rc = -1;
+  double seconds = 0;
+  std::string out;  // stdout and stderr
+};
+
+// Runs `cmd` under /bin/sh with a hard limit (timeout(1)), stdout and stderr together.
+// stdout_only: stderr discarded instead.
+Job sh(const std::string& cmd, int limit_s = 60, bool stdout_only = false) {
+  Job j;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string full = "timeout -s KILL " + std::to_string(limit_s) + " " + cmd + (stdout_only ? " 2>/dev/null" : " 2>&1");
+  FILE* p = ::popen(full.c_str(), "r");
+  if (!p) return j;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) j.out.append(buf, n);
+  const int st = ::pclose(p);
+  j.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+  j.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return j;
+}
+
+std::string mpirun(int np, const std::string& fault = "") {
+  std::string s = std::string(K3_MPIEXEC) + " -np " + std::to_string(np) + " --oversubscribe --bind-to none";
+  if (!fault.empty()) s = "env K3_DIST_FAULT=" + fault + " " + s + " -x K3_DIST_FAULT";
+  return s;
+}
+
+std::string train_args(const std::string& dir, const std::string& out) {
+  return shell_quote(K3_CLI_PATH) + " train --config " + shell_quote(dir + "/run.json") + " --out " +
+         shell_quote(out) + " --quiet";
+}
+
+// The counters and content hashes a checkpoint's train_state.safetensors records.
+nlohmann::json train_state(const std::string& ckpt) {
+  const std::string bytes = slurp(ckpt + "/train_state.safetensors");
+  if (bytes.size() < 8) return {};
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const auto header = nlohmann::json::parse(bytes.substr(8, size_t(n)));
+  return nlohmann::json::parse(header["__metadata__"]["k3cpp.train_state"].get<std::string>());
+}
+
+double last_loss(const std::string& metrics) {
+  double loss = 0;
+  std::ifstream in(metrics);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["type"] == "step") loss = j["loss"].get<double>();
+  }
+  return loss;
+}
+
+// 8 steps of 256 tokens (2 micro-batches of 4 sequences of 32), a checkpoint every 2 steps.
+std::string write_job_files(const std::string& dir) {
+  nlohmann::json run = tiny_run();
+  run["stages"] = nlohmann::json::parse(
+      R"([{"name": "s1", "seq_len": 32, "tokens": 2048, "lr_peak": 0.01, "lr_end": 0.002, "decay_frac": 0.5}])");
+  run["eval_every"] = 0, run["eval_tokens"] = 256, run["checkpoint_every"] = 2;
+  return write_run_files(dir, run);
+}
+
+}  // namespace
+
+TEST(DistJobs, KilledRankEndsTheJobKeepsTheCheckpointAndResumesExactlyWithAnyRankCount) {
+  TempDir t("k3_dist_jobs");
+  write_job_files(t.path);
+  // The run that never stops: one process, 2 threads.
+  Job ref = sh(train_args(t.path, t.sub("ref")) + " --threads 2");
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  const auto want = train_state(t.sub("ref/checkpoint"));
+  ASSERT_EQ(want["step"], 8);
+
+  // Rank 1 is killed at its 5th gradient reduction (step 5): the checkpoint of step 4 stays.
+  Job killed = sh(mpirun(2, "kill:1:5") + " " + train_args(t.path, t.sub("a")) + " --dp 2 --threads 1 --comm-timeout 30");
+  EXPECT_NE(killed.rc, 0) << killed.out;
+  EXPECT_LT(killed.seconds, 30) << killed.out;
+  EXPECT_NE(killed.out.find("signal 9"), std::string::npos) << killed.out;
+  const auto at4 = train_state(t.sub("a/checkpoint"));
+  ASSERT_EQ(at4["step"], 4) << killed.out;
+  fs::copy(t.sub("a"), t.sub("b"), fs::copy_options::recursive);
+  fs::copy(t.sub("a"), t.sub("c"), fs::copy_options::recursive);
+
+  // Same rank count: bitwise the run that never stopped.
+  Job same = sh(mpirun(2) + " " + train_args(t.path, t.sub("a")) + " --dp 2 --threads 1 --resume");
+  ASSERT_EQ(same.rc, 0) << same.out;
+  const auto got = train_state(t.sub("a/checkpoint"));
+  EXPECT_EQ(got["step"], 8);
+  EXPECT_EQ(got["weights_hash"], want["weights_hash"]);
+  EXPECT_EQ(got["optimizer_hash"], want["optimizer_hash"]);
+  EXPECT_EQ(slurp(t.sub("a/checkpoint/model.safetensors")), slurp(t.sub("ref/checkpoint/model.safetensors")));
+  // One process of 2 threads: the same summation tree, so bitwise too.
+  Job one = sh(train_args(t.path, t.sub("b")) + " --threads 2 --resume");
+  ASSERT_EQ(one.rc, 0) << one.out;
+  const auto got1 = train_state(t.sub("b/checkpoint"));
+  EXPECT_EQ(got1["weights_hash"], want["weights_hash"]);
+  EXPECT_EQ(got1["optimizer_hash"], want["optimizer_hash"]);
+  // 4 ranks (ZeRO-1 over 4 owners): completes; its sums are grouped differently, so the run
+  // agrees to float rounding.
+  Job four = sh(mpirun(4) + " " + train_args(t.path, t.sub("c")) + " --dp 4 --threads 1 --resume");
+  ASSERT_EQ(four.rc, 0) << four.out;
+  EXPECT_EQ(train_state(t.sub("c/checkpoint"))["step"], 8);
+  EXPECT_NEAR(last_loss(t.sub("c/metrics.jsonl")), last_loss(t.sub("ref/metrics.jsonl")),
+              1e-3 * last_loss(t.sub("ref/metrics.jsonl")));
+  // The per-collective byte counts of the 4-rank job against the planner's projection
+  // (k3cpp plan --dp): summed over the ranks, per step, exactly N x the per-rank figures.
+  const auto cs = nlohmann::json::parse(slurp(t.sub("c/comm_stats.json")));
+  ASSERT_EQ(cs["ranks"], 4);
+  Job plan = sh(shell_quote(K3_CLI_PATH) + " plan " + shell_quote(t.sub("model.json")) + " --dp 4 --qb-bins 200 --json");
+  ASSERT_EQ(plan.rc, 0) << plan.out;
+  const auto dpp = nlohmann::json::parse(plan.out)["data_parallel"];
+  double grad = 0, hist = 0;
+  int64_t steps = 0;
+  for (const auto& r : cs["per_rank"]) {
+    grad += r["grad.reduce.reduce_scatter"]["bytes_sent"].get<double>() + r["param.allgather"]["bytes_sent"].get<double>();
+    hist += r["balancer.qb_histogram.reduce_scatter"]["bytes_sent"].get<double>() +
+            r["balancer.qb_histogram.allgather"]["bytes_sent"].get<double>();
+    steps = r["loss.gather"]["calls"].get<int64_t>();
+  }
+  EXPECT_EQ(steps, 4);
+  EXPECT_EQ(grad / double(steps), 4 * dpp["gradient_bytes_per_rank_step"].get<double>());
+  EXPECT_EQ(hist / double(steps), 4 * dpp["histogram_bytes_per_rank_step"].get<double>());
+}
+
+TEST(DistJobs, ExitingOrHungRankEndsTheJobWithAClearError) {
+  TempDir t("k3_dist_jobs");
+  write_job_files(t.path);
+  Job gone = sh(mpirun(2, "exit:1:3") + " " + train_args(t.path, t.sub("a")) + " --dp 2 --threads 1 --comm-timeout 30");
+  EXPECT_NE(gone.rc, 0) << gone.out;
+  EXPECT_LT(gone.seconds, 30) << gone.out;
+  EXPECT_NE(gone.out.find("K3_DIST_FAULT: exit"), std::string::npos) << gone.out;
+  EXPECT_EQ(train_state(t.sub("a/checkpoint"))["step"], 2) << gone.out;
+
+  Job hung = sh(mpirun(2, "hang:1:3") + " " + train_args(t.path, t.sub("b")) + " --dp 2 --threads 1 --comm-timeout 3");
+  EXPECT_NE(hung.rc, 0) << hung.out;
+  EXPECT_LT(hung.seconds, 30) << hung.out;
+  EXPECT_NE(hung.out.find("rank 0 of 2: collective 'grad.reduce.reduce_scatter' did not complete within 3 s"),
+            std::string::npos)
+      << hung.out;
+  EXPECT_EQ(train_state(t.sub("b/checkpoint"))["step"], 2) << hung.out;
+}
+
+TEST(DistJobs, RefusesAMismatchedRankCount) {
+  TempDir t("k3_dist_jobs");
+  write_job_files(t.path);
+  Job alone = sh(train_args(t.path, t.sub("a")) + " --dp 2");
+  EXPECT_EQ(alone.rc, 1) << alone.out;
+  EXPECT_NE(alone.out.find("--dp 2 but the job has 1 MPI rank(s): start it with mpirun -np 2"), std::string::npos)
+      << alone.out;
+  Job bare = sh(mpirun(2) + " " + train_args(t.path, t.sub("b")));
+  EXPECT_NE(bare.rc, 0) << bare.out;
+  EXPECT_NE(bare.out.find("without --dp: pass --dp 2"), std::string::npos) << bare.out;
+}
+
+TEST(DistJobs, ExpertParallelGenerateEqualsOneProcess) {
+  const std::string model = shell_quote(std::string(K3_TEST_DATA_DIR) + "/k3-release-tiny");
+  const std::string args = " generate " + model + " --ids 1,2,3,4,5 --max-tokens 12 --ids-out --threads 1";
+  Job one = sh(shell_quote(K3_CLI_PATH) + args, 60, true);
+  ASSERT_EQ(one.rc, 0) << one.out;
+  ASSERT_GT(one.out.size(), 12u);
+  for (int np : {2, 4}) {
+    Job ep = sh(mpirun(np) + " " + shell_quote(K3_CLI_PATH) + args + " --ep " + std::to_string(np), 60, true);
+    ASSERT_EQ(ep.rc, 0) << ep.out;
+    EXPECT_EQ(ep.out, one.out) << np << " ranks";  // rank 0 alone prints
+  }
+}
+
+}  // namespace k3::test
+
