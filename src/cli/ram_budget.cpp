@@ -16,9 +16,10 @@ const std::vector<std::string>& ram_budget_options() {
 
 const char* kRamBudgetUsage =
     "  --ram-budget GB     memory-limited inference: hold at most GB (1e9 bytes) of weights, reading the\n"
-    "                      routed experts from disk into an expert cache (the dense trunk stays resident)\n"
+    "                      routed experts from disk into an expert cache; the dense trunk stays resident\n"
+    "                      if it fits, else its layers stream through a ring of two slots\n"
     "  --cache-policy P    expert cache policy: s3fifo (default) or lru\n"
-    "  --io MODE           expert reads: auto (O_DIRECT where allowed, default), direct, buffered\n"
+    "  --io MODE           expert and trunk reads: auto (O_DIRECT where allowed, default), direct, buffered\n"
     "  --disk-gbps X       disk bandwidth for the plan line (default: measured with a 256 MB O_DIRECT read)\n";
 
 std::vector<std::string> with_ram_budget_options(std::vector<std::string> options) {
@@ -94,13 +95,15 @@ void report_budgeted(BudgetedModel& bm, const char* command) {
   const int64_t pc = system_page_cache_bytes();
   if (bm.im->stream->stats().calls > 0)
     std::fprintf(stderr, "%s: %s\n", command, stream_stats_line(*bm.im->stream).c_str());
+  if (bm.im->trunk) std::fprintf(stderr, "%s: %s\n", command, trunk_stats_line(*bm.im->trunk).c_str());
   std::fprintf(stderr,
                "%s: memory: peak RssAnon %.3f GB (%.3f GB before loading) against the budget %.3f GB (%s); "
-               "engine arenas: trunk %.3f GB + expert cache %.3f GB; peak RssFile %.3f GB; system page cache "
+               "engine arenas: trunk %.3f GB + trunk ring %.3f GB + expert cache %.3f GB; peak RssFile %.3f GB; system page cache "
                "%+.3f GB over the run (other processes included); %lld samples\n",
                command, double(bm.sampler->peak_anon()) / 1e9, double(bm.before.rss_anon) / 1e9,
                double(bm.budget) / 1e9, bm.sampler->peak_anon() <= int64_t(bm.budget) ? "under" : "OVER",
-               double(bm.im->trunk_bytes) / 1e9, double(bm.im->stream->arena_bytes()) / 1e9,
+               double(bm.im->trunk_bytes) / 1e9, bm.im->trunk ? double(bm.im->trunk->arena_bytes()) / 1e9 : 0.0,
+               double(bm.im->stream->arena_bytes()) / 1e9,
                double(bm.sampler->peak_file()) / 1e9,
                pc >= 0 && bm.page_cache_before >= 0 ? double(pc - bm.page_cache_before) / 1e9 : 0.0,
                (long long)bm.sampler->samples());
