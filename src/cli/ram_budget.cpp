@@ -75,17 +75,33 @@ void report_phase(BudgetedModel& bm, const char* command, const char* phase, int
   const bool decode = std::string(phase) == "decode";
   const double predicted = decode ? p.decode_bytes_per_token : p.prefill_bytes_per_chunk / double(p.prefill_tokens);
   const double per_token = double(st.payload_bytes) / double(tokens);
-  const double bound = p.disk_bytes_per_s > 0 ? double(st.device_bytes) / double(tokens) / p.disk_bytes_per_s : 0;
+  // The trunk's reads when it is streamed (every layer once per call) join the bound.
+  TrunkStats ts;
+  if (bm.im->trunk) ts = bm.im->trunk->stats();
+  const double dev = double(st.device_bytes + ts.device_bytes);
+  const double bound = p.disk_bytes_per_s > 0 ? dev / double(tokens) / p.disk_bytes_per_s : 0;
+  std::string trunk;
+  if (bm.im->trunk) {
+    char b[320];
+    std::snprintf(b, sizeof b,
+                  "; trunk read %.4f GB/token (plan %.4f GB per call) in %lld layer reads, pread %.2f s, compute "
+                  "waited %.2f s for it (%.0f %% of the trunk's read time overlapped compute)",
+                  double(ts.device_bytes) / double(tokens) / 1e9, p.trunk_bytes_per_call / 1e9,
+                  (long long)ts.layer_reads, ts.io_seconds, ts.wait_seconds,
+                  ts.io_seconds > 0 ? 100.0 * std::max(0.0, 1 - ts.wait_seconds / ts.io_seconds) : 0.0);
+    trunk = b;
+  }
   std::fprintf(stderr,
                "%s: %s: %lld tokens, %.3f s/token; experts read %.4f GB/token (plan %.4f GB/token%s), %.4f GB/token "
-               "from disk -> disk bound %.3f s/token at %.2f GB/s (%.0f %% of the bound reached); hit rate %.3f; "
+               "from disk%s -> disk bound %.3f s/token at %.2f GB/s (%.0f %% of the bound reached); hit rate %.3f; "
                "pread %.2f s, waited %.2f s\n",
                command, phase, (long long)tokens, seconds / double(tokens), per_token / 1e9, predicted / 1e9,
                decode ? "" : (" for a chunk of " + std::to_string(p.prefill_tokens)).c_str(),
-               double(st.device_bytes) / double(tokens) / 1e9, bound, p.disk_bytes_per_s / 1e9,
+               double(st.device_bytes) / double(tokens) / 1e9, trunk.c_str(), bound, p.disk_bytes_per_s / 1e9,
                seconds > 0 ? 100.0 * bound * double(tokens) / seconds : 0.0, st.hit_rate(), st.io_seconds,
                st.wait_seconds);
   bm.im->stream->reset_stats();
+  if (bm.im->trunk) bm.im->trunk->reset_stats();
 }
 
 void report_budgeted(BudgetedModel& bm, const char* command) {

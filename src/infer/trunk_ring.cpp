@@ -370,11 +370,13 @@ std::string trunk_stats_line(const TrunkRing& r) {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "trunk ring: %lld slots x %.1f MB; %lld layers acquired (%lld already read), %lld layer reads, %.3f GB "
-                "of matrices (%.3f GB from disk in %lld reads, %.2f s in pread, %.2f GB/s); compute waited %.2f s",
+                "of matrices (%.3f GB from disk in %lld reads, %.2f s in pread, %.2f GB/s); compute waited %.2f s (%.0f %% of "
+                "the read time overlapped compute)",
                 (long long)r.slots(), double(r.slot_bytes()) / 1e6, (long long)st.acquires, (long long)st.hits,
                 (long long)st.layer_reads, double(st.payload_bytes) / 1e9, double(st.device_bytes) / 1e9,
                 (long long)st.reads, st.io_seconds,
-                st.io_seconds > 0 ? double(st.device_bytes) / st.io_seconds / 1e9 : 0.0, st.wait_seconds);
+                st.io_seconds > 0 ? double(st.device_bytes) / st.io_seconds / 1e9 : 0.0, st.wait_seconds,
+                st.io_seconds > 0 ? 100.0 * std::max(0.0, 1 - st.wait_seconds / st.io_seconds) : 0.0);
   return buf;
 }
 
