@@ -248,7 +248,7 @@ int64_t TrunkRing::find_locked(int64_t layer) const {
   return -1;
 }
 
-bool TrunkRing::start_read_locked(int64_t layer) {
+bool TrunkRing::start_read_locked(int64_t layer, bool ahead) {
   // A free slot: not pinned, not being read; an empty one first, else the least recently used.
   int64_t best = -1;
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -264,6 +264,7 @@ bool TrunkRing::start_read_locked(int64_t layer) {
   s.state = Slot::Reading;
   s.error.clear();
   s.bound = -1;
+  s.ahead = ahead;
   queue_.push_back(best);
   ++reading_;
   cv_io_.notify_one();
@@ -283,7 +284,7 @@ void TrunkRing::end_call() {
   // The next call starts at layer 0 (a normal call has asked for it already; one that threw
   // may have asked for a layer no call needs next).
   wanted_ = -1;
-  if (find_locked(0) < 0) start_read_locked(0);
+  if (find_locked(0) < 0) start_read_locked(0, true);
   in_call_ = false;
   cv_call_.notify_all();
 }
@@ -292,7 +293,7 @@ void TrunkRing::prefetch(int64_t layer) {
   std::lock_guard<std::mutex> lk(mu_);
   K3_ASSERT(layer >= 0 && layer < int64_t(layers_.size()), "trunk ring: no such layer");
   if (find_locked(layer) >= 0) return;
-  if (!start_read_locked(layer)) wanted_ = layer;  // started when a slot is released
+  if (!start_read_locked(layer, true)) wanted_ = layer;  // started when a slot is released
 }
 
 LayerWeights& TrunkRing::acquire(int64_t layer) {
@@ -302,7 +303,7 @@ LayerWeights& TrunkRing::acquire(int64_t layer) {
   int64_t slot;
   while ((slot = find_locked(layer)) < 0) {
     if (wanted_ == layer) wanted_ = -1;
-    if (start_read_locked(layer)) continue;
+    if (start_read_locked(layer, false)) continue;
     cv_done_.wait(lk);  // every slot is being read (a read started before an error): wait for one
   }
   Slot& s = slots_[size_t(slot)];
@@ -312,6 +313,17 @@ LayerWeights& TrunkRing::acquire(int64_t layer) {
     st_.wait_seconds += now_s() - t0;
   } else {
     ++st_.hits;
+  }
+  if (!s.error.empty() && s.ahead) {  // a read ahead failed: read it once more, now
+    s.error.clear();
+    s.ahead = false;
+    s.state = Slot::Reading;
+    queue_.push_back(slot);
+    ++reading_;
+    cv_io_.notify_one();
+    const double t0 = now_s();
+    cv_done_.wait(lk, [&] { return s.state != Slot::Reading; });
+    st_.wait_seconds += now_s() - t0;
   }
   if (!s.error.empty()) {
     const std::string e = s.error;
@@ -329,7 +341,7 @@ void TrunkRing::release(int64_t layer) {
   const int64_t slot = find_locked(layer);
   K3_ASSERT(slot >= 0 && slots_[size_t(slot)].pins > 0, "trunk ring: release of a layer not acquired");
   --slots_[size_t(slot)].pins;
-  if (wanted_ >= 0 && find_locked(wanted_) < 0 && start_read_locked(wanted_)) wanted_ = -1;
+  if (wanted_ >= 0 && find_locked(wanted_) < 0 && start_read_locked(wanted_, true)) wanted_ = -1;
 }
 
 void TrunkRing::bind(int64_t slot) {

@@ -16,7 +16,9 @@
 //  - a slot keeps its layer after release, so a model with L <= N layers reads its trunk
 //    once; otherwise every forward call reads every layer once (the planner's trunk bytes).
 // A read that fails or comes back short is a k3::Error from acquire naming the file, the
-// offset, the tensor and the cause; the slot is emptied and the next acquire reads again.
+// offset, the tensor and the cause; the slot is emptied and the next acquire reads again. A
+// read ahead (prefetch) that failed is read once more by the acquire that needs it, and only
+// that read's failure is reported (a fault seen ahead of time may be gone by then).
 #pragma once
 #include <sys/types.h>
 
@@ -120,6 +122,7 @@ class TrunkRing : public TrunkProvider {
     int pins = 0;
     uint64_t last_use = 0;
     int64_t bound = -1;  // the layer views_ were built for
+    bool ahead = false;  // the read was started by a prefetch (a failure is read again once)
     std::string error;
   };
 
@@ -128,7 +131,7 @@ class TrunkRing : public TrunkProvider {
   void io_loop();
   void read_layer(int64_t slot, int64_t layer);  // throws k3::Error
   int64_t find_locked(int64_t layer) const;
-  bool start_read_locked(int64_t layer);  // false: no free slot
+  bool start_read_locked(int64_t layer, bool ahead);  // false: no free slot
   void bind(int64_t slot);
 
   K3Config cfg_;

@@ -4,7 +4,8 @@
 // steps, chunked prefill and batched decode (f32 and bf16 trunks, O_DIRECT and buffered), the
 // trunk bytes read equal to the analytic count (every layer once per call), RssAnon growth
 // under a budget below the trunk, an injected failed / short trunk read giving an error naming
-// the file, the offset and the tensor with the next call correct, two threads sharing the
+// the file, the offset and the tensor with the next call correct (a transient fault on a read
+// ahead retried), two threads sharing the
 // ring, and a budget below the ring's minimum naming it.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -278,6 +279,20 @@ TEST(TrunkRing, FailedAndShortReadsNameTheFileOffsetAndTensorThenTheNextCallWork
     armed = 0;
     EXPECT_TRUE(bitwise_equal(run_session(im.model, ids, 4), want)) << "after fault mode " << mode;
   }
+  // One transient EIO on the read ahead of layer 3 (started while layer 2 computes): the
+  // acquire reads it again, and the run gives the resident logits.
+  std::atomic<int> faults{0};
+  StreamOptions so = ring_opts(2);
+  so.trunk_pread_hook = [&](int fd, void* buf, size_t n, off_t off) -> ssize_t {
+    if (uint64_t(off) <= T && T < uint64_t(off) + n && faults++ == 0) {
+      errno = EIO;
+      return -1;
+    }
+    return ::pread(fd, buf, n, off);
+  };
+  InferenceModel im = ringed(dir, so);
+  EXPECT_TRUE(bitwise_equal(run_session(im.model, ids, 4), want));
+  EXPECT_GE(faults.load(), 2);  // the failed read and its retry
 }
 
 TEST(TrunkRing, SessionsOnTwoThreadsShareTheRing) {
