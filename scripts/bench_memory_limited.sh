@@ -9,7 +9,8 @@
 # usage: scripts/bench_memory_limited.sh [SLICE_DIR] [BUDGETS...]
 #   SLICE_DIR default /work/k3-slice (written if it has no config.json; KEEP=0 deletes it at the end)
 #   BUDGETS   default "4 8 16" (GB); POLICIES default "s3fifo lru"; DECODE default 24; THREADS default 2;
-#   PROMPT default 512 (a budget below the trunk streams it through a ring: the trunk lines)
+#   PROMPT default 512 (a budget below the trunk streams it through a ring: the trunk lines);
+#   a budget written B:N forces the trunk through a ring of N slots (--trunk-slots N)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SLICE=${1:-/work/k3-slice}
@@ -63,14 +64,17 @@ cg_run() {  # cg_run BUDGET_GB cmd...: runs cmd in a fresh child cgroup limited 
   "$@"
 }
 IDS=$(python3 -c "print(','.join(str((i*7919+13)%16384) for i in range($PROMPT)))")
-for B in $BUDGETS; do
+for BN in $BUDGETS; do
+  B=${BN%%:*}
+  RING=""
+  [ "$BN" != "$B" ] && RING="--trunk-slots ${BN#*:}"
   for P in $POLICIES; do
-    echo "== budget $B GB, policy $P"
+    echo "== budget $B GB, policy $P $RING"
     pc0=$(awk '/^Cached:/{print $2}' /proc/meminfo)
     set +e
     cg_run "$B" /usr/bin/time -f "wall %e s, max RSS (VmHWM, incl. file pages) %M kB" \
       "$K3" generate "$SLICE" --ids "$IDS" --max-tokens $((DECODE + 1)) --ids-out --threads "$THREADS" \
-      --ram-budget "$B" --cache-policy "$P" --disk-gbps "$DISK" > /tmp/k3_mlb_out.txt 2> /tmp/k3_mlb_err.txt
+      --ram-budget "$B" $RING --cache-policy "$P" --disk-gbps "$DISK" > /tmp/k3_mlb_out.txt 2> /tmp/k3_mlb_err.txt
     rc=$?
     set -e
     pc1=$(awk '/^Cached:/{print $2}' /proc/meminfo)

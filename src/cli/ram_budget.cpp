@@ -10,7 +10,7 @@
 namespace k3::cli {
 
 const std::vector<std::string>& ram_budget_options() {
-  static const std::vector<std::string> o = {"ram-budget", "cache-policy", "io", "disk-gbps"};
+  static const std::vector<std::string> o = {"ram-budget", "cache-policy", "io", "disk-gbps", "trunk-slots"};
   return o;
 }
 
@@ -20,6 +20,7 @@ const char* kRamBudgetUsage =
     "                      if it fits, else its layers stream through a ring of two slots\n"
     "  --cache-policy P    expert cache policy: s3fifo (default) or lru\n"
     "  --io MODE           expert and trunk reads: auto (O_DIRECT where allowed, default), direct, buffered\n"
+    "  --trunk-slots N     stream the dense trunk through a ring of N slots even if it fits (measurements)\n"
     "  --disk-gbps X       disk bandwidth for the plan line (default: measured with a 256 MB O_DIRECT read)\n";
 
 std::vector<std::string> with_ram_budget_options(std::vector<std::string> options) {
@@ -37,12 +38,18 @@ BudgetArgs parse_budget_args(const Args& a, int64_t tokens_per_call) {
     if (!(disk > 0) || !std::isfinite(disk)) fail("--disk-gbps: expected a positive number of GB/s");
     b.disk_bytes_per_s = disk * 1e9;
   }
+  if (a.get("trunk-slots")) {
+    const long long n = a.get_int("trunk-slots", 0);
+    if (n < 1 || n > 64) fail("--trunk-slots: expected 1 to 64 ring slots, got " + *a.get("trunk-slots"));
+    b.stream.stream_trunk = true;
+    b.stream.trunk_slots = n;
+  }
   if (a.get("ram-budget")) {
     const double gb = a.get_double("ram-budget", 0);
     if (!(gb > 0) || !std::isfinite(gb)) fail("--ram-budget: expected a positive number of GB, got " + *a.get("ram-budget"));
     b.budget = uint64_t(gb * 1e9);
-  } else if (a.get("cache-policy") || a.get("io") || a.get("disk-gbps")) {
-    fail("--cache-policy, --io and --disk-gbps apply only with --ram-budget");
+  } else if (a.get("cache-policy") || a.get("io") || a.get("disk-gbps") || a.get("trunk-slots")) {
+    fail("--cache-policy, --io, --disk-gbps and --trunk-slots apply only with --ram-budget");
   }
   return b;
 }

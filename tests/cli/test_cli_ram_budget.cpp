@@ -97,7 +97,8 @@ TEST(CliRamBudget, ForwardAndGenerateEqualTheResidentRun) {
   ASSERT_EQ(k3cpp("forward " + q(dir) + " --ids " + ids + " --logits " + q(t.sub("res.f32"))).rc, 0);
   const std::string want = slurp(t.sub("res.f32"));
   ASSERT_FALSE(want.empty());
-  for (const char* extra : {"--cache-policy s3fifo --io direct", "--cache-policy lru --io buffered"}) {
+  for (const char* extra :
+       {"--cache-policy s3fifo --io direct", "--cache-policy lru --io buffered", "--io direct --trunk-slots 2"}) {
     const RunResult r = k3cpp("forward " + q(dir) + " --ids " + ids + " --logits " + q(t.sub("s.f32")) +
                               " --ram-budget 0.2 --disk-gbps 1 " + extra);
     ASSERT_EQ(r.rc, 0) << r.err;
