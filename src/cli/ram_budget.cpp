@@ -118,7 +118,8 @@ void report_budgeted(BudgetedModel& bm, const char* command) {
   const int64_t pc = system_page_cache_bytes();
   if (bm.im->stream->stats().calls > 0)
     std::fprintf(stderr, "%s: %s\n", command, stream_stats_line(*bm.im->stream).c_str());
-  if (bm.im->trunk) std::fprintf(stderr, "%s: %s\n", command, trunk_stats_line(*bm.im->trunk).c_str());
+  if (bm.im->trunk && bm.im->trunk->stats().acquires > 0)  // report_phase printed and restarted them
+    std::fprintf(stderr, "%s: %s\n", command, trunk_stats_line(*bm.im->trunk).c_str());
   std::fprintf(stderr,
                "%s: memory: peak RssAnon %.3f GB (%.3f GB before loading) against the budget %.3f GB (%s); "
                "engine arenas: trunk %.3f GB + trunk ring %.3f GB + expert cache %.3f GB; peak RssFile %.3f GB; system page cache "

@@ -88,6 +88,7 @@ TEST(CliRamBudget, ABudgetBelowTheTrunkStreamsItAndEqualsTheResidentRun) {
   ASSERT_EQ(g1.rc, 0) << g1.err;
   EXPECT_EQ(g1.out, g0.out);
   EXPECT_TRUE(has(g1.err, "trunk streamed through a ring of")) << g1.err;
+  EXPECT_TRUE(has(g1.err, "generate: decode: 4 tokens") && has(g1.err, "trunk read ")) << g1.err;
 }
 
 TEST(CliRamBudget, ForwardAndGenerateEqualTheResidentRun) {
