@@ -3,12 +3,14 @@
 # (configs/k3-slice.json: d 7168, the real KDA and MLA shapes, a dense first layer, 2 MoE
 # layers of 896 MXFP4 experts of 3584 x 3072, 17.5 MB each: ~37 GB with the trunk) in the
 # released layout, measures the disk's sequential O_DIRECT read bandwidth (dd), then runs
-# `k3cpp generate` with a 512-token prompt and DECODE decode steps under each budget and cache
+# `k3cpp generate` with a PROMPT-token prompt (512) and DECODE decode steps under each budget and cache
 # policy, printing the plan line, prefill tokens/s, bytes read per token against the plan,
 # seconds per token against the disk bound, hit rates and peak RssAnon (page cache apart).
 # usage: scripts/bench_memory_limited.sh [SLICE_DIR] [BUDGETS...]
 #   SLICE_DIR default /work/k3-slice (written if it has no config.json; KEEP=0 deletes it at the end)
-#   BUDGETS   default "4 8 16" (GB); POLICIES default "s3fifo lru"; DECODE default 24; THREADS default 2
+#   BUDGETS   default "4 8 16" (GB); POLICIES default "s3fifo lru"; DECODE default 24; THREADS default 2;
+#   PROMPT default 512 (a budget below the trunk streams it through a ring: the trunk lines);
+#   a budget written B:N forces the trunk through a ring of N slots (--trunk-slots N)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SLICE=${1:-/work/k3-slice}
@@ -16,6 +18,7 @@ shift || true
 BUDGETS=${*:-4 8 16}
 POLICIES=${POLICIES:-s3fifo lru}
 DECODE=${DECODE:-24}
+PROMPT=${PROMPT:-512}
 THREADS=${THREADS:-2}
 BUILD=${BUILD:-build}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DK3_BUILD_BENCH=OFF >/dev/null
@@ -60,15 +63,18 @@ cg_run() {  # cg_run BUDGET_GB cmd...: runs cmd in a fresh child cgroup limited 
   echo "no memory cgroup (could not create one under $CG_PARENT): RssAnon sampling only" >&2
   "$@"
 }
-IDS=$(python3 -c "print(','.join(str((i*7919+13)%16384) for i in range(512)))")
-for B in $BUDGETS; do
+IDS=$(python3 -c "print(','.join(str((i*7919+13)%16384) for i in range($PROMPT)))")
+for BN in $BUDGETS; do
+  B=${BN%%:*}
+  RING=""
+  [ "$BN" != "$B" ] && RING="--trunk-slots ${BN#*:}"
   for P in $POLICIES; do
-    echo "== budget $B GB, policy $P"
+    echo "== budget $B GB, policy $P $RING"
     pc0=$(awk '/^Cached:/{print $2}' /proc/meminfo)
     set +e
     cg_run "$B" /usr/bin/time -f "wall %e s, max RSS (VmHWM, incl. file pages) %M kB" \
       "$K3" generate "$SLICE" --ids "$IDS" --max-tokens $((DECODE + 1)) --ids-out --threads "$THREADS" \
-      --ram-budget "$B" --cache-policy "$P" --disk-gbps "$DISK" > /tmp/k3_mlb_out.txt 2> /tmp/k3_mlb_err.txt
+      --ram-budget "$B" $RING --cache-policy "$P" --disk-gbps "$DISK" > /tmp/k3_mlb_out.txt 2> /tmp/k3_mlb_err.txt
     rc=$?
     set -e
     pc1=$(awk '/^Cached:/{print $2}' /proc/meminfo)

@@ -120,7 +120,10 @@ int cmd_plan(const std::vector<std::string>& args) {
   DataParallelComm dpc;
   if (want_dp) dpc = project_data_parallel(c, dp_ranks, qb_bins, ep);
   StreamProjection sp;
-  if (want_stream) sp = project_streaming(c, uint64_t(budget_gb * 1e9), disk_gbps * 1e9, prefill_tokens);
+  // The engine's rule (infer/weight_stream.h): the trunk resident if it fits, else its layers
+  // through a ring of two slots (one if two do not fit).
+  if (want_stream)
+    sp = plan_streaming(c, uint64_t(budget_gb * 1e9), disk_gbps * 1e9, prefill_tokens, 0, 0, 0, trunk_ring_plan(c, 0));
   const ParamCounts pc = count_params(c);
   const WeightBytes wb = weight_bytes(c, storage);
   const CacheBytes cache = decode_cache_bytes(c, context);
@@ -202,7 +205,12 @@ int cmd_plan(const std::vector<std::string>& args) {
                         {"prefill_bytes_per_chunk", sp.prefill_bytes_per_chunk},
                         {"prefill_s_per_chunk", sp.prefill_s_per_chunk},
                         {"all_streamed_bytes_per_token", sp.all_streamed_bytes_per_token},
-                        {"all_streamed_s_per_token", sp.all_streamed_s_per_token}};
+                        {"all_streamed_s_per_token", sp.all_streamed_s_per_token},
+                        {"trunk_ring_slots", sp.ring.slots},
+                        {"trunk_ring_slot_bytes", sp.ring.slot_bytes},
+                        {"trunk_held_bytes", sp.ring.slots > 0 ? sp.ring.resident_bytes : sp.trunk_bytes},
+                        {"trunk_bytes_per_call", sp.trunk_bytes_per_call},
+                        {"trunk_s_per_call", sp.trunk_s_per_call}};
     } else {
       j["streaming"] = nullptr;
     }
@@ -290,7 +298,8 @@ int cmd_plan(const std::vector<std::string>& args) {
                   (long long)dpc.ep, human_bytes(dpc.ep_bytes_per_token).c_str());
   }
   if (want_stream) {
-    std::printf("\nmemory-limited inference at %g GB, disk %g GB/s (trunk bf16 resident, experts streamed)\n",
+    std::printf("\nmemory-limited inference at %g GB, disk %g GB/s (experts streamed; the bf16 trunk resident if it "
+                "fits, else streamed layer by layer)\n",
                 budget_gb, disk_gbps);
     std::printf("  %s\n", stream_projection_line(sp).c_str());
     std::printf("  one expert %llu bytes; nothing cached, a decode token reads %.2f GB of experts (%.2f s); the trunk "

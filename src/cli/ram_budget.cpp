@@ -10,15 +10,17 @@
 namespace k3::cli {
 
 const std::vector<std::string>& ram_budget_options() {
-  static const std::vector<std::string> o = {"ram-budget", "cache-policy", "io", "disk-gbps"};
+  static const std::vector<std::string> o = {"ram-budget", "cache-policy", "io", "disk-gbps", "trunk-slots"};
   return o;
 }
 
 const char* kRamBudgetUsage =
     "  --ram-budget GB     memory-limited inference: hold at most GB (1e9 bytes) of weights, reading the\n"
-    "                      routed experts from disk into an expert cache (the dense trunk stays resident)\n"
+    "                      routed experts from disk into an expert cache; the dense trunk stays resident\n"
+    "                      if it fits, else its layers stream through a ring of two slots\n"
     "  --cache-policy P    expert cache policy: s3fifo (default) or lru\n"
-    "  --io MODE           expert reads: auto (O_DIRECT where allowed, default), direct, buffered\n"
+    "  --io MODE           expert and trunk reads: auto (O_DIRECT where allowed, default), direct, buffered\n"
+    "  --trunk-slots N     stream the dense trunk through a ring of N slots even if it fits (measurements)\n"
     "  --disk-gbps X       disk bandwidth for the plan line (default: measured with a 256 MB O_DIRECT read)\n";
 
 std::vector<std::string> with_ram_budget_options(std::vector<std::string> options) {
@@ -36,12 +38,18 @@ BudgetArgs parse_budget_args(const Args& a, int64_t tokens_per_call) {
     if (!(disk > 0) || !std::isfinite(disk)) fail("--disk-gbps: expected a positive number of GB/s");
     b.disk_bytes_per_s = disk * 1e9;
   }
+  if (a.get("trunk-slots")) {
+    const long long n = a.get_int("trunk-slots", 0);
+    if (n < 1 || n > 64) fail("--trunk-slots: expected 1 to 64 ring slots, got " + *a.get("trunk-slots"));
+    b.stream.stream_trunk = true;
+    b.stream.trunk_slots = n;
+  }
   if (a.get("ram-budget")) {
     const double gb = a.get_double("ram-budget", 0);
     if (!(gb > 0) || !std::isfinite(gb)) fail("--ram-budget: expected a positive number of GB, got " + *a.get("ram-budget"));
     b.budget = uint64_t(gb * 1e9);
-  } else if (a.get("cache-policy") || a.get("io") || a.get("disk-gbps")) {
-    fail("--cache-policy, --io and --disk-gbps apply only with --ram-budget");
+  } else if (a.get("cache-policy") || a.get("io") || a.get("disk-gbps") || a.get("trunk-slots")) {
+    fail("--cache-policy, --io, --disk-gbps and --trunk-slots apply only with --ram-budget");
   }
   return b;
 }
@@ -74,17 +82,33 @@ void report_phase(BudgetedModel& bm, const char* command, const char* phase, int
   const bool decode = std::string(phase) == "decode";
   const double predicted = decode ? p.decode_bytes_per_token : p.prefill_bytes_per_chunk / double(p.prefill_tokens);
   const double per_token = double(st.payload_bytes) / double(tokens);
-  const double bound = p.disk_bytes_per_s > 0 ? double(st.device_bytes) / double(tokens) / p.disk_bytes_per_s : 0;
+  // The trunk's reads when it is streamed (every layer once per call) join the bound.
+  TrunkStats ts;
+  if (bm.im->trunk) ts = bm.im->trunk->stats();
+  const double dev = double(st.device_bytes + ts.device_bytes);
+  const double bound = p.disk_bytes_per_s > 0 ? dev / double(tokens) / p.disk_bytes_per_s : 0;
+  std::string trunk;
+  if (bm.im->trunk) {
+    char b[320];
+    std::snprintf(b, sizeof b,
+                  "; trunk read %.4f GB/token (plan %.4f GB per call) in %lld layer reads, pread %.2f s, compute "
+                  "waited %.2f s for it (%.0f %% of the trunk's read time overlapped compute)",
+                  double(ts.device_bytes) / double(tokens) / 1e9, p.trunk_bytes_per_call / 1e9,
+                  (long long)ts.layer_reads, ts.io_seconds, ts.wait_seconds,
+                  ts.io_seconds > 0 ? 100.0 * std::max(0.0, 1 - ts.wait_seconds / ts.io_seconds) : 0.0);
+    trunk = b;
+  }
   std::fprintf(stderr,
                "%s: %s: %lld tokens, %.3f s/token; experts read %.4f GB/token (plan %.4f GB/token%s), %.4f GB/token "
-               "from disk -> disk bound %.3f s/token at %.2f GB/s (%.0f %% of the bound reached); hit rate %.3f; "
+               "from disk%s -> disk bound %.3f s/token at %.2f GB/s (%.0f %% of the bound reached); hit rate %.3f; "
                "pread %.2f s, waited %.2f s\n",
                command, phase, (long long)tokens, seconds / double(tokens), per_token / 1e9, predicted / 1e9,
                decode ? "" : (" for a chunk of " + std::to_string(p.prefill_tokens)).c_str(),
-               double(st.device_bytes) / double(tokens) / 1e9, bound, p.disk_bytes_per_s / 1e9,
+               double(st.device_bytes) / double(tokens) / 1e9, trunk.c_str(), bound, p.disk_bytes_per_s / 1e9,
                seconds > 0 ? 100.0 * bound * double(tokens) / seconds : 0.0, st.hit_rate(), st.io_seconds,
                st.wait_seconds);
   bm.im->stream->reset_stats();
+  if (bm.im->trunk) bm.im->trunk->reset_stats();
 }
 
 void report_budgeted(BudgetedModel& bm, const char* command) {
@@ -94,13 +118,16 @@ void report_budgeted(BudgetedModel& bm, const char* command) {
   const int64_t pc = system_page_cache_bytes();
   if (bm.im->stream->stats().calls > 0)
     std::fprintf(stderr, "%s: %s\n", command, stream_stats_line(*bm.im->stream).c_str());
+  if (bm.im->trunk && bm.im->trunk->stats().acquires > 0)  // report_phase printed and restarted them
+    std::fprintf(stderr, "%s: %s\n", command, trunk_stats_line(*bm.im->trunk).c_str());
   std::fprintf(stderr,
                "%s: memory: peak RssAnon %.3f GB (%.3f GB before loading) against the budget %.3f GB (%s); "
-               "engine arenas: trunk %.3f GB + expert cache %.3f GB; peak RssFile %.3f GB; system page cache "
+               "engine arenas: trunk %.3f GB + trunk ring %.3f GB + expert cache %.3f GB; peak RssFile %.3f GB; system page cache "
                "%+.3f GB over the run (other processes included); %lld samples\n",
                command, double(bm.sampler->peak_anon()) / 1e9, double(bm.before.rss_anon) / 1e9,
                double(bm.budget) / 1e9, bm.sampler->peak_anon() <= int64_t(bm.budget) ? "under" : "OVER",
-               double(bm.im->trunk_bytes) / 1e9, double(bm.im->stream->arena_bytes()) / 1e9,
+               double(bm.im->trunk_bytes) / 1e9, bm.im->trunk ? double(bm.im->trunk->arena_bytes()) / 1e9 : 0.0,
+               double(bm.im->stream->arena_bytes()) / 1e9,
                double(bm.sampler->peak_file()) / 1e9,
                pc >= 0 && bm.page_cache_before >= 0 ? double(pc - bm.page_cache_before) / 1e9 : 0.0,
                (long long)bm.sampler->samples());

@@ -14,14 +14,14 @@
 
 namespace k3::cli {
 
-// Options taking a value: ram-budget, cache-policy, io, disk-gbps.
+// Options taking a value: ram-budget, cache-policy, io, disk-gbps, trunk-slots.
 const std::vector<std::string>& ram_budget_options();
 // Usage lines for them.
 extern const char* kRamBudgetUsage;
 // `options` + ram_budget_options().
 std::vector<std::string> with_ram_budget_options(std::vector<std::string> options);
 
-// --ram-budget, --cache-policy, --io, --disk-gbps as parsed (budget 0: resident; the others
+// --ram-budget, --cache-policy, --io, --disk-gbps, --trunk-slots as parsed (budget 0: resident; the others
 // only with a budget). tokens_per_call: the largest forward call the command makes (its
 // working memory is held back from the budget).
 struct BudgetArgs {

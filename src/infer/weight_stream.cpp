@@ -15,6 +15,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "infer/direct_io.h"
 #include "model/param_specs.h"
 
 namespace k3 {
@@ -22,7 +23,6 @@ namespace k3 {
 namespace {
 
 constexpr uint64_t kDirectAlign = 4096;
-constexpr uint64_t kHuge = uint64_t(2) << 20;
 // Tensors of one expert closer than this in the file are read as one run (the gap is read too).
 constexpr uint64_t kMaxGap = uint64_t(64) << 10;
 
@@ -129,58 +129,15 @@ ExpertStreamer::ExpertStreamer(const CheckpointReader& ck, const K3Config& cfg, 
     locate(ck, cfg, &files, 1, nullptr, nullptr);
     files_ = files;
   }
-  std::string why_not;
-  direct_ = opt.io != IoMode::Buffered;
-  for (const std::string& f : files_) {
-    int fd = -1;
-    if (direct_) {
-      fd = ::open(f.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-      if (fd < 0) {
-        const int e = errno;
-        if (opt.io == IoMode::Direct) fail_system("cannot open with O_DIRECT (--io direct)", f);
-        why_not = std::string("open(O_DIRECT) failed: ") + std::strerror(e);
-        direct_ = false;
-        for (int& o : fds_) ::close(o);
-        fds_.clear();
-        break;
-      }
-    } else {
-      fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) fail_system("cannot open", f);
-    }
-    fds_.push_back(fd);
-  }
-  if (!direct_ && fds_.empty())
-    for (const std::string& f : files_) {
-      const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) fail_system("cannot open", f);
-      fds_.push_back(fd);
-    }
+  open_for_reads(files_, opt.io != IoMode::Buffered, opt.io == IoMode::Direct, opt.io == IoMode::Buffered, &fds_,
+                 &direct_, &io_mode_);
   align_ = direct_ ? kDirectAlign : 1;
-  io_mode_ = direct_ ? "O_DIRECT pread (4096-byte aligned)"
-                     : "buffered pread + posix_fadvise(DONTNEED)" +
-                           (opt.io == IoMode::Buffered ? std::string(" (--io buffered)") : " (" + why_not + ")");
   locs_ = locate(ck, cfg, nullptr, align_, &slot_bytes_, &expert_bytes_);
   moe_index_.assign(size_t(cfg.num_hidden_layers), -1);
   for (int64_t l = 0, m = 0; l < cfg.num_hidden_layers; ++l)
     if (cfg.is_moe_layer(l)) moe_index_[size_t(l)] = m++;
 
-  arena_bytes_ = align_up(uint64_t(slots_) * slot_bytes_, kHuge);
-  void* p = ::mmap(nullptr, arena_bytes_ + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) fail_system("cannot reserve the expert cache arena (" + gb(double(arena_bytes_)) + ")", "mmap");
-  // 2 MiB-aligned start; the unaligned head and the tail are given back.
-  uint8_t* base = static_cast<uint8_t*>(p);
-  uint8_t* al = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(base), kHuge));
-  if (al > base) ::munmap(base, size_t(al - base));
-  const size_t tail = size_t((base + arena_bytes_ + kHuge) - (al + arena_bytes_));
-  if (tail) ::munmap(al + arena_bytes_, tail);
-  arena_ = al;
-#ifdef MADV_HUGEPAGE
-  ::madvise(arena_, arena_bytes_, MADV_HUGEPAGE);
-#endif
-  // Fault the whole arena in now: the budget is taken at load (RssAnon shows it), and the
-  // first reads do not pay page faults and huge-page compaction inside the run.
-  std::memset(arena_, 0, arena_bytes_);
+  arena_ = map_owned_arena(uint64_t(slots_) * slot_bytes_, "the expert cache arena", &arena_bytes_);
   views_.resize(size_t(slots_));
   index_ = ExpertCacheIndex(slots_, opt.policy, int64_t(locs_.size()));
   group_target_ = std::max(1, std::min(2 * omp_get_max_threads(), int(std::max<int64_t>(1, slots_ / 2))));
@@ -195,7 +152,7 @@ ExpertStreamer::~ExpertStreamer() {
   cv_io_.notify_all();
   if (io_.joinable()) io_.join();
   for (int fd : fds_) ::close(fd);
-  if (arena_) ::munmap(arena_, arena_bytes_);
+  unmap_owned_arena(arena_, arena_bytes_);
 }
 
 void ExpertStreamer::bind_views(int64_t slot, int64_t key) {
@@ -502,34 +459,45 @@ InferenceModel load_inference_model(const ModelDir& md, const LoadOptions& opt, 
   }
   const uint64_t reserve =
       so.working_reserve_bytes ? so.working_reserve_bytes : working_bytes_estimate(cfg, so.tokens_per_call);
-  StreamProjection plan = project_streaming(cfg, opt.ram_budget_bytes, disk_bytes_per_s, so.tokens_per_call, trunk,
-                                            slot_bytes, reserve);
+  const TrunkRingPlan ring_sizes = TrunkRing::measure(ck, cfg, opt.dense_as_stored, 0);
+  StreamProjection plan = plan_streaming(cfg, opt.ram_budget_bytes, disk_bytes_per_s, so.tokens_per_call, trunk,
+                                         slot_bytes, reserve, ring_sizes, so.stream_trunk, so.trunk_slots);
   if (!plan.fits) {
-    char buf[512];
+    const TrunkRingPlan& r = plan.ring;
+    char buf[1024];
     std::snprintf(buf, sizeof buf,
-                  "%.3f GB is below the resident minimum of %.3f GB for this model: the dense trunk (%.3f GB as "
-                  "held; streaming the trunk is not implemented, so it stays resident), %.3f GB working memory "
-                  "and two expert slots of %.1f MB",
-                  double(opt.ram_budget_bytes) / 1e9, double(plan.min_budget) / 1e9, double(trunk) / 1e9,
-                  double(reserve) / 1e9, double(slot_bytes) / 1e6);
+                  "%.3f GB is below the minimum of %.3f GB for this model: the dense trunk streamed through a ring of "
+                  "%lld slot%s of %.3f GB (its largest layer; %s) + %.3f GB held (embedding, lm_head, norms), %.3f GB "
+                  "working memory and two expert slots of %.1f MB (the whole trunk resident would need %.3f GB)",
+                  double(opt.ram_budget_bytes) / 1e9, double(plan.min_budget) / 1e9, (long long)r.slots,
+                  r.slots > 1 ? "s" : "", double(r.slot_bytes) / 1e9,
+                  r.slots > 1 ? "the next layer is read while one computes"
+                              : ("two slots, to read the next layer while one computes, need " +
+                                 gb(double(plan.min_budget + r.slot_bytes)))
+                                    .c_str(),
+                  double(r.resident_bytes) / 1e9, double(reserve) / 1e9, double(slot_bytes) / 1e6,
+                  double(trunk + reserve + 2 * slot_bytes) / 1e9);
     fail_input(md.dir, "--ram-budget", buf);
   }
+  const bool ring = plan.ring.slots > 0;
+  const uint64_t held = ring ? plan.ring.held_bytes() : trunk;
   int64_t slots = plan.cache_slots;
   if (so.cache_slots > 0) {
-    if (trunk + reserve + uint64_t(so.cache_slots) * slot_bytes > opt.ram_budget_bytes)
+    if (held + reserve + uint64_t(so.cache_slots) * slot_bytes > opt.ram_budget_bytes)
       fail_input(md.dir, "--ram-budget", std::to_string(so.cache_slots) + " cache slots do not fit the budget");
     slots = so.cache_slots;
-    plan.cache_slots = slots;
-    plan = project_streaming(cfg, trunk + reserve + uint64_t(slots) * slot_bytes, disk_bytes_per_s,
-                             so.tokens_per_call, trunk, slot_bytes, reserve);
+    plan = project_streaming(cfg, held + reserve + uint64_t(slots) * slot_bytes, disk_bytes_per_s,
+                             so.tokens_per_call, trunk, slot_bytes, reserve, plan.ring);
     plan.budget = opt.ram_budget_bytes;
   }
-  WeightStore w = load_weights(ck, cfg, opt);
+  LoadOptions lo = opt;
+  lo.stream_trunk = ring;
+  WeightStore w = load_weights(ck, cfg, lo);
   // The trunk into owned memory: bf16 views of the mapping become copies, so no weight the
   // forward reads is a mapped page, and the mapped pages read while loading are dropped.
   for (size_t i = 0; i < w.layout().size(); ++i)
     if (w.layout().bf16_held(i)) w.set_bf16(i, w.bf16(i).clone());
-  InferenceModel im{K3Model(std::move(w)), nullptr, plan, 0, ""};
+  InferenceModel im{K3Model(std::move(w)), nullptr, plan, 0, "", nullptr};
   im.trunk_bytes = uint64_t(im.model.weights().size()) * 4 + uint64_t(im.model.weights().bf16_bytes());
   for (const auto& f : ck.files()) {
     const int fd = ::open(f->path().c_str(), O_RDONLY | O_CLOEXEC);
@@ -538,10 +506,26 @@ InferenceModel load_inference_model(const ModelDir& md, const LoadOptions& opt, 
       ::close(fd);
     }
   }
+  if (ring) {
+    TrunkRingOptions to;
+    to.slots = plan.ring.slots;
+    to.direct = so.io != IoMode::Buffered;
+    to.require_direct = so.io == IoMode::Direct;
+    to.dense_as_stored = opt.dense_as_stored;
+    to.pread_hook = so.trunk_pread_hook;
+    im.trunk = std::make_shared<TrunkRing>(ck, im.model.weights(), to);
+    im.model.set_trunk_provider(im.trunk);
+    im.trunk->prefetch(0);  // the first call's first layer, read while the rest loads
+  }
   im.stream = std::make_shared<ExpertStreamer>(ck, cfg, slots, so);
   im.model.set_expert_provider(im.stream);
-  im.trunk_note = "dense trunk resident in owned memory (" + gb(double(im.trunk_bytes)) +
-                  "); routed experts streamed: " + std::to_string(slots) + " cache slots (" +
+  im.trunk_note = (ring ? "dense trunk streamed: its layers' matrices through a ring of " +
+                              std::to_string(im.trunk->slots()) + " slot" + (im.trunk->slots() > 1 ? "s" : "") +
+                              " x " + gb(double(im.trunk->slot_bytes())) + " (" + im.trunk->io_mode() +
+                              "), every layer read once per forward call (" + gb(double(plan.ring.pass_bytes)) +
+                              "), the rest held in owned memory (" + gb(double(im.trunk_bytes)) + ")"
+                        : "dense trunk resident in owned memory (" + gb(double(im.trunk_bytes)) + ")") +
+                  "; routed experts streamed: " + std::to_string(slots) + " cache slots (" +
                   gb(double(im.stream->arena_bytes())) + " arena, " + cache_policy_name(so.policy) + "), " +
                   im.stream->io_mode();
   return im;

@@ -1,7 +1,7 @@
 // Memory-limited inference: the routed experts are read from the checkpoint on demand into an
 // expert cache the engine owns, so that a RAM budget is real anonymous memory, not page cache
-// (K3_REFERENCE section 9). The dense trunk stays resident (owned copies); streaming it layer
-// by layer is not implemented, so the budget must cover it (a clear error otherwise).
+// (K3_REFERENCE section 9). The dense trunk is resident (owned copies) when it fits the
+// budget, else its layers' matrices stream through a ring (infer/trunk_ring.h).
 //
 // ExpertStreamer is the MoE layers' ExpertProvider (kernels/moe.h):
 //  - the cache is one arena of `slots` x slot_bytes (mmap'ed anonymous memory, 2 MiB aligned,
@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "infer/expert_cache.h"
+#include "infer/trunk_ring.h"
 #include "kernels/moe.h"
 #include "model/checkpoint.h"
 #include "model/planner.h"
@@ -60,6 +61,11 @@ struct StreamOptions {
   int64_t cache_slots = 0;  // > 0: exactly this many slots (tests); still checked against the budget
   // Test hook: replaces ::pread for expert reads (fault injection: errors, short reads).
   std::function<ssize_t(int fd, void* buf, size_t n, off_t off)> pread_hook;
+  // The dense trunk through a ring (infer/trunk_ring.h) even when it would fit (tests and
+  // measurements); it is streamed anyway when it does not fit the budget.
+  bool stream_trunk = false;
+  int64_t trunk_slots = 0;  // > 0: exactly this many ring slots; 0: two, or one if two do not fit
+  std::function<ssize_t(int fd, void* buf, size_t n, off_t off)> trunk_pread_hook;  // as pread_hook, trunk reads
 };
 
 struct StreamStats {
@@ -171,13 +177,16 @@ struct InferenceModel {
   StreamProjection plan;                   // filled under a budget
   uint64_t trunk_bytes = 0;                // what the WeightStore holds (f32 buffer + bf16 copies)
   std::string trunk_note;                  // how the trunk is held under a budget
+  std::shared_ptr<TrunkRing> trunk;        // the trunk's layers streamed (null: resident)
 };
 
 // The loading path of forward / generate / chat (and the server): opt.ram_budget_bytes == 0
-// loads as load_model does (mapped, resident); otherwise the trunk is read into owned memory,
-// the budget is checked (k3::Error naming --ram-budget and the minimum if the trunk, the
-// working reserve and two expert slots do not fit), and the experts come from an
-// ExpertStreamer with as many slots as the rest of the budget holds.
+// loads as load_model does (mapped, resident); otherwise the budget is checked and the trunk
+// is read into owned memory: whole when it fits with the working reserve and two expert slots
+// (and !so.stream_trunk), else its globals and vectors, its layers' matrices coming from a
+// TrunkRing of two slots (one if two do not fit); a budget below even that is a k3::Error
+// naming --ram-budget and the minimum. The experts come from an ExpertStreamer with as many
+// slots as the rest of the budget holds (planner.h plan_streaming makes the choice).
 // disk_bytes_per_s: for the plan line (0: measure with probe_read_bandwidth).
 InferenceModel load_inference_model(const ModelDir& md, const LoadOptions& opt, const StreamOptions& so = {},
                                     double disk_bytes_per_s = 0);

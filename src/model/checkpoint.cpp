@@ -119,17 +119,20 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
                "experts are not all MXFP4" + std::string(opt.dequantize_experts ? " or --dequantize was given" : ""));
   // Dense matrices kept as stored (bf16) for inference: those a checkpoint holds as bf16 under
   // their released name with the spec's shape (anything else is validated and converted below).
-  std::vector<bool> bf16_held(specs.size(), false);
+  // With stream_trunk the layers' matrices are validated only (a trunk ring reads them).
+  std::vector<bool> bf16_held(specs.size(), false), streamed(specs.size(), false);
+  if (opt.stream_trunk)
+    for (size_t i = 0; i < specs.size(); ++i) streamed[i] = is_streamable_layer_matrix(specs[i]);
   if (opt.dense_as_stored)
     for (size_t i = 0; i < specs.size(); ++i) {
       const ParamSpec& s = specs[i];
-      if (s.component == Component::RoutedExperts || s.shape.size() != 2 || s.shape[0] < 2 || s.shape[1] < 2 ||
-          !ck.has(s.name))
+      if (streamed[i] || s.component == Component::RoutedExperts || s.shape.size() != 2 || s.shape[0] < 2 ||
+          s.shape[1] < 2 || !ck.has(s.name))
         continue;
       const auto& info = ck.info(s.name);
       bf16_held[i] = info.dtype == DType::BF16 && info.shape == s.shape;
     }
-  WeightStore w(cfg, storage, bf16_held);
+  WeightStore w(cfg, storage, bf16_held, opt.stream_trunk ? streamed : std::vector<bool>{});
   if (external) w.set_experts_external();
   const ParamLayout& lay = w.layout();
 
@@ -168,6 +171,7 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
       continue;
     }
     check_stored(ck, name, s.shape, false, "");
+    if (streamed[i]) continue;  // read layer by layer by the trunk ring (infer/trunk_ring.h)
     jobs.push_back({i, bf16_held[i] ? Kind::Bf16Keep : Kind::Dense, ck.get(name), Tensor()});
   }
   // A language-model tensor that the config does not have means checkpoint and config disagree.

@@ -49,6 +49,10 @@ struct LoadOptions {
   // there load_weights validates every MXFP4 routed expert (names, dtypes, shapes) but takes
   // no view of it (WeightStore::experts_external), and an expert cache reads them on demand.
   uint64_t ram_budget_bytes = 0;
+  // Memory-limited inference with the trunk streamed (set by load_inference_model when the
+  // trunk does not fit the budget): every decoder layer's dense matrices are validated but not
+  // held (ParamLayout::streamed); a trunk ring reads them layer by layer (infer/trunk_ring.h).
+  bool stream_trunk = false;
   // Receives the load's one-line notices (legacy names, skipped vision tensors); unset: stderr.
   std::function<void(const std::string&)> log;
 };

@@ -18,8 +18,8 @@ void grow(V& v, int64_t n) {
   if (v.size() < size_t(n)) v.resize(size_t(n));
 }
 
-// Builds one layer's views; `P(name)` gives a parameter's f32 pointer, `X(name)` a routed
-// expert matrix.
+// Builds one layer's views; `P(name)` gives a parameter's f32 pointer, `X(name_fn)` a routed
+// expert matrix (name_fn() builds its name: shape-only binders never pay for the strings).
 template <typename R, typename ParamFn, typename ExpertFn>
 LayerWeightsT<R> bind_layer(const K3Config& c, int64_t layer, ParamFn&& P_full, ExpertFn&& X) {
   const std::string p = layer_prefix(layer);
@@ -85,10 +85,10 @@ LayerWeightsT<R> bind_layer(const K3Config& c, int64_t layer, ParamFn&& P_full, 
   e.w3.resize(size_t(E));
   e.w2.resize(size_t(E));
   for (int64_t j = 0; j < E; ++j) {
-    const std::string x = p + m + "experts." + std::to_string(j) + ".";
-    e.w1[size_t(j)] = X(x + "w1.weight");
-    e.w3[size_t(j)] = X(x + "w3.weight");
-    e.w2[size_t(j)] = X(x + "w2.weight");
+    auto name = [&](const char* w) { return p + m + "experts." + std::to_string(j) + "." + w; };
+    e.w1[size_t(j)] = X([&] { return name("w1.weight"); }, 0);
+    e.w3[size_t(j)] = X([&] { return name("w3.weight"); }, 1);
+    e.w2[size_t(j)] = X([&] { return name("w2.weight"); }, 2);
   }
   return L;
 }
@@ -100,7 +100,8 @@ LayerWeights layer_weights(const WeightStore& w, int64_t layer) {
   // Every parameter as held (f32, or bf16 for a matrix kept as stored): vector fields take the
   // f32 pointer, matrix fields the Mat.
   auto P = [&](const std::string& name) { return w.mat(name); };
-  auto X = [&](const std::string& name) {
+  auto X = [&](auto&& name_fn, int) {
+    const std::string name = name_fn();
     const size_t i = lay.index(name);
     ExpertMatrix m;
     m.rows = lay.spec(i).shape[0];
@@ -118,12 +119,18 @@ LayerWeights layer_weights(const WeightStore& w, int64_t layer) {
   return bind_layer<float>(w.config(), layer, P, X);
 }
 
+LayerWeights bind_layer_weights(const K3Config& c, int64_t layer, const std::function<Mat(const std::string&)>& P) {
+  const int64_t F = c.moe_intermediate_size, l = c.routed_expert_hidden_size;
+  auto X = [&](auto&&, int which) { return which < 2 ? ExpertMatrix{nullptr, nullptr, F, l} : ExpertMatrix{nullptr, nullptr, l, F}; };
+  return bind_layer<float>(c, layer, P, X);
+}
+
 template <typename R>
 LayerWeightsT<R> layer_views(const ParamLayout& lay, const K3Config& c, const R* base, int64_t layer) {
   K3_ASSERT(lay.experts() == ExpertStorage::Plain, "layer_views needs a layout with every parameter in the buffer");
   auto P = [&](const std::string& name) { return base + lay.offset(lay.index(name)); };
-  auto X = [&](const std::string& name) {
-    const size_t i = lay.index(name);
+  auto X = [&](auto&& name_fn, int) {
+    const size_t i = lay.index(name_fn());
     return ExpertMatrixT<R>{base + lay.offset(i), nullptr, lay.spec(i).shape[0], lay.spec(i).shape[1]};
   };
   return bind_layer<R>(c, layer, P, X);
@@ -148,6 +155,8 @@ void DecodeStateT<R>::reserve(int64_t tokens, const ModelDims& dims) {
 
 template <typename R>
 K3ModelT<R>::K3ModelT(WeightStore weights) : store_(std::move(weights)), dims_(model_dims(store_.config())) {
+  trunk_streamed_ = store_.layout().any_streamed();
+  K3_ASSERT((std::is_same_v<R, float> || !trunk_streamed_), "K3ModelT<double> needs every weight held");
   if constexpr (std::is_same_v<R, float>) {
     params_ = store_.data();
     layers_.reserve(size_t(dims_.L));
@@ -185,6 +194,51 @@ void K3ModelT<R>::set_expert_provider(std::shared_ptr<ExpertProvider> p) {
 }
 
 template <typename R>
+void K3ModelT<R>::set_trunk_provider(std::shared_ptr<TrunkProvider> p) {
+  K3_ASSERT((std::is_same_v<R, float>), "a trunk provider serves the float engine only");
+  K3_ASSERT(p || !store_.layout().any_streamed(), "a model whose trunk is streamed needs a trunk provider");
+  trunk_ = std::move(p);
+}
+
+template <typename R>
+const LayerWeightsT<R>& K3ModelT<R>::layer_for_call(int64_t i) const {
+  if constexpr (std::is_same_v<R, float>) {
+    if (trunk_) {
+      LayerWeights& w = trunk_->acquire(i);
+      trunk_->prefetch((i + 1) % dims_.L);  // the next layer (or the next call's first) while this one computes
+      const LayerWeights& own = layers_[size_t(i)];
+      w.moe.provider = own.moe.provider;
+      w.moe.provider_layer = own.moe.provider_layer;
+      return w;
+    }
+  }
+  return layers_[size_t(i)];
+}
+
+namespace {
+
+// begin_call / end_call of a trunk provider around one forward call (end_call also on a throw).
+class TrunkCall {
+ public:
+  explicit TrunkCall(TrunkProvider* p) : p_(p) {
+    if (p_) p_->begin_call();
+  }
+  ~TrunkCall() {
+    if (p_) p_->end_call();
+  }
+  TrunkCall(const TrunkCall&) = delete;
+  TrunkCall& operator=(const TrunkCall&) = delete;
+  void release(int64_t layer) {
+    if (p_) p_->release(layer);
+  }
+
+ private:
+  TrunkProvider* p_;
+};
+
+}  // namespace
+
+template <typename R>
 DecodeStateT<R> K3ModelT<R>::new_state() const {
   DecodeStateT<R> st;
   st.reset(dims_);
@@ -214,9 +268,16 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
     rec->last_only = opt.last_only;
     rec->layers.resize(size_t(dims_.L));
   }
-  for (int64_t i = 0; i < dims_.L; ++i)
-    decoder_layer_forward<R>(bs, st.layers[size_t(i)], layers_[size_t(i)], dims_, i, T, opt.mode, opt.kda_path, s.layer,
-                          rec ? &rec->layers[size_t(i)] : nullptr);
+  K3_ASSERT(!(trunk_ && rec), "K3Model::forward: a training record needs the trunk resident");
+  K3_ASSERT(trunk_ || !trunk_streamed_, "K3Model::forward: the trunk is streamed but no trunk provider is set");
+  {
+    TrunkCall call(trunk_.get());
+    for (int64_t i = 0; i < dims_.L; ++i) {
+      decoder_layer_forward<R>(bs, st.layers[size_t(i)], layer_for_call(i), dims_, i, T, opt.mode, opt.kda_path,
+                               s.layer, rec ? &rec->layers[size_t(i)] : nullptr);
+      call.release(i);
+    }
+  }
   st.n_tokens += T;
 
   // Output: h = AttnRes_out(blocks + [partial]); final RMSNorm; lm_head.
@@ -263,10 +324,15 @@ void K3ModelT<R>::forward_batch(R* logits, const int32_t* ids, const int64_t* se
   for (int64_t t = 0; t < T; ++t) mat_row(bs.partial.data() + t * d, embed_, int64_t(ids[t]), d);
   s.seg_states.resize(size_t(n_seg));
   LayerBatchT<R> batch{seg, n_seg, s.seg_states.data()};
-  for (int64_t i = 0; i < dims_.L; ++i) {
-    for (int64_t j = 0; j < n_seg; ++j) s.seg_states[size_t(j)] = &states[j]->layers[size_t(i)];
-    decoder_layer_forward<R>(bs, states[0]->layers[size_t(i)], layers_[size_t(i)], dims_, i, T, MixerMode::Decode,
-                             kda_path, s.layer, nullptr, &batch);
+  K3_ASSERT(trunk_ || !trunk_streamed_, "K3Model::forward_batch: the trunk is streamed but no trunk provider is set");
+  {
+    TrunkCall call(trunk_.get());
+    for (int64_t i = 0; i < dims_.L; ++i) {
+      for (int64_t j = 0; j < n_seg; ++j) s.seg_states[size_t(j)] = &states[j]->layers[size_t(i)];
+      decoder_layer_forward<R>(bs, states[0]->layers[size_t(i)], layer_for_call(i), dims_, i, T, MixerMode::Decode,
+                               kda_path, s.layer, nullptr, &batch);
+      call.release(i);
+    }
   }
   for (int64_t j = 0; j < n_seg; ++j) states[j]->n_tokens += seg[j + 1] - seg[j];
   grow(s.h_out, T * d);

@@ -14,10 +14,13 @@
 // weights.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "model/decoder.h"
+#include "model/trunk_provider.h"
 #include "model/weights.h"
 
 namespace k3 {
@@ -81,6 +84,10 @@ using BackwardScratch = BackwardScratchT<float>;
 
 // Views of layer `layer`'s parameters in the store (routed experts f32 or MXFP4 per the store).
 LayerWeights layer_weights(const WeightStore& w, int64_t layer);
+// Layer `layer`'s views with every dense parameter from P(name) (vector fields take its f32
+// pointer) and the routed experts shape-only (an ExpertProvider serves them): a trunk ring's
+// views of a slot (infer/trunk_ring.h).
+LayerWeights bind_layer_weights(const K3Config& c, int64_t layer, const std::function<Mat(const std::string&)>& P);
 // The same views over any buffer carved by a Plain `lay` (e.g. the gradient buffer, an
 // optimizer moment, or a double copy of the weights): pointer = base + lay.offset(spec).
 template <typename R>
@@ -114,6 +121,11 @@ class K3ModelT {
   // store's (resident). The model keeps p alive. Forwards through one provider serialise on it.
   void set_expert_provider(std::shared_ptr<ExpertProvider> p);
   ExpertProvider* expert_provider() const { return provider_.get(); }
+  // Memory-limited inference with the trunk streamed (float only; a store loaded with
+  // LoadOptions::stream_trunk needs one): every forward and forward_batch takes each decoder
+  // layer's views from p (model/trunk_provider.h), reading the next layer while one computes.
+  void set_trunk_provider(std::shared_ptr<TrunkProvider> p);
+  TrunkProvider* trunk_provider() const { return trunk_.get(); }
 
   // logits [T, V] (or [1, V] with last_only) for ids [T], continuing the sequence in `st`
   // (st.n_tokens += T). Token ids outside [0, V) are a k3::Error naming the position.
@@ -149,6 +161,11 @@ class K3ModelT {
   const R* final_norm_ = nullptr;      // [d]
   MatT<R> lm_head_;                    // [V, d] (the embedding when tied)
   std::shared_ptr<ExpertProvider> provider_;  // memory-limited inference (float only)
+  std::shared_ptr<TrunkProvider> trunk_;      // the trunk streamed (float only)
+  bool trunk_streamed_ = false;               // the store holds no layer matrices (needs trunk_)
+  // The views of layer i for this call: the model's own, or the trunk provider's (acquired,
+  // with the next layer's read started).
+  const LayerWeightsT<R>& layer_for_call(int64_t i) const;
 };
 using K3Model = K3ModelT<float>;
 

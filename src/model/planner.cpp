@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "core/error.h"
 #include "model/weights.h"
@@ -117,8 +118,26 @@ uint64_t working_bytes_estimate(const K3Config& c, int64_t tokens) {
   return uint64_t(1.1 * per_token * double(std::max<int64_t>(tokens, 1))) + (uint64_t(48) << 20);
 }
 
+TrunkRingPlan trunk_ring_plan(const K3Config& c, int64_t slots) {
+  TrunkRingPlan p;
+  p.slots = slots;
+  std::vector<uint64_t> layer(size_t(c.num_hidden_layers), 0);
+  for (const ParamSpec& s : k3_param_specs(c)) {
+    if (s.component == Component::RoutedExperts) continue;
+    if (is_streamable_layer_matrix(s)) layer[size_t(s.layer)] += uint64_t(s.numel()) * 2;
+    else p.resident_bytes += uint64_t(s.numel()) * (s.shape.size() == 2 && s.shape[0] >= 2 && s.shape[1] >= 2 ? 2 : 4);
+  }
+  for (uint64_t b : layer) {
+    p.slot_bytes = std::max(p.slot_bytes, b);
+    p.pass_bytes += b;
+  }
+  p.pass_payload = p.pass_bytes;
+  return p;
+}
+
 StreamProjection project_streaming(const K3Config& c, uint64_t budget, double bw, int64_t prefill_tokens,
-                                   uint64_t trunk_bytes, uint64_t slot_bytes, uint64_t reserve) {
+                                   uint64_t trunk_bytes, uint64_t slot_bytes, uint64_t reserve,
+                                   const TrunkRingPlan& ring) {
   StreamProjection p;
   p.budget = budget;
   p.reserve = reserve ? reserve : working_bytes_estimate(c, prefill_tokens);
@@ -134,10 +153,13 @@ StreamProjection project_streaming(const K3Config& c, uint64_t budget, double bw
   p.trunk_bytes = trunk_bytes ? trunk_bytes : other;
   p.slot_bytes = slot_bytes ? slot_bytes : p.expert_bytes;
   p.experts_total = p.moe_layers * p.E;
-  p.min_budget = p.trunk_bytes + p.reserve + 2 * p.slot_bytes;
+  p.ring = ring;
+  const uint64_t held = ring.slots > 0 ? ring.held_bytes() : p.trunk_bytes;
+  p.min_budget = held + p.reserve + 2 * p.slot_bytes;
   p.fits = p.moe_layers > 0 && budget >= p.min_budget;
   if (p.fits)
-    p.cache_slots = std::min<int64_t>(p.experts_total, int64_t((budget - p.trunk_bytes - p.reserve) / p.slot_bytes));
+    p.cache_slots = std::min<int64_t>(p.experts_total, int64_t((budget - held - p.reserve) / p.slot_bytes));
+  if (ring.slots > 0) p.trunk_bytes_per_call = double(ring.pass_bytes);
   p.hit_rate = p.experts_total > 0 ? double(p.cache_slots) / double(p.experts_total) : 0;
   const double eb = double(p.expert_bytes), miss = 1 - p.hit_rate;
   p.decode_bytes_per_token = double(p.moe_layers * p.top_k) * eb * miss;
@@ -147,9 +169,26 @@ StreamProjection project_streaming(const K3Config& c, uint64_t budget, double bw
   p.prefill_bytes_per_chunk = double(p.moe_layers) * distinct * eb;  // a cold cache
   p.all_streamed_bytes_per_token = double(p.trunk_bytes) + double(p.moe_layers * p.top_k) * eb;
   if (bw > 0) {
-    p.decode_s_per_token = p.decode_bytes_per_token / bw;
-    p.prefill_s_per_chunk = p.prefill_bytes_per_chunk / bw;
+    p.decode_s_per_token = (p.decode_bytes_per_token + p.trunk_bytes_per_call) / bw;
+    p.prefill_s_per_chunk = (p.prefill_bytes_per_chunk + p.trunk_bytes_per_call) / bw;
     p.all_streamed_s_per_token = p.all_streamed_bytes_per_token / bw;
+    p.trunk_s_per_call = p.trunk_bytes_per_call / bw;
+  }
+  return p;
+}
+
+StreamProjection plan_streaming(const K3Config& c, uint64_t budget, double bw, int64_t prefill_tokens,
+                                uint64_t trunk_bytes, uint64_t slot_bytes, uint64_t reserve, TrunkRingPlan ring,
+                                bool force_ring, int64_t ring_slots) {
+  if (!force_ring) {
+    StreamProjection p = project_streaming(c, budget, bw, prefill_tokens, trunk_bytes, slot_bytes, reserve);
+    if (p.fits) return p;
+  }
+  StreamProjection p;
+  for (int64_t n : ring_slots > 0 ? std::vector<int64_t>{ring_slots} : std::vector<int64_t>{2, 1}) {
+    ring.slots = n;
+    p = project_streaming(c, budget, bw, prefill_tokens, trunk_bytes, slot_bytes, reserve, ring);
+    if (p.fits) return p;
   }
   return p;
 }
@@ -160,26 +199,48 @@ std::string stream_projection_line(const StreamProjection& p) {
     std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
     return std::string(buf);
   };
-  char buf[1024];
+  const TrunkRingPlan& r = p.ring;
+  char ring[512] = "";
+  if (r.slots > 0)
+    std::snprintf(ring, sizeof ring,
+                  "trunk streamed through a ring of %lld slot%s x %s (the largest layer%s) + %s held (embedding, "
+                  "lm_head, norms)",
+                  (long long)r.slots, r.slots > 1 ? "s" : "", gb(double(r.slot_bytes)).c_str(),
+                  (r.slots > 1 ? std::string("; the next layer is read while one computes")
+                               : "; no overlap: a second slot needs +" + gb(double(r.slot_bytes)))
+                      .c_str(),
+                  gb(double(r.resident_bytes)).c_str());
+  char buf[1536];
   if (!p.fits) {
-    std::snprintf(buf, sizeof buf,
-                  "plan: budget %s is below the resident minimum %s (dense trunk %s resident, %s working "
-                  "memory, 2 expert slots of %.1f MB); streaming the trunk too would read %s per token (%.2f s at "
-                  "%.2f GB/s), which this engine does not do",
-                  gb(double(p.budget)).c_str(), gb(double(p.min_budget)).c_str(), gb(double(p.trunk_bytes)).c_str(),
-                  gb(double(p.reserve)).c_str(), double(p.slot_bytes) / 1e6,
-                  gb(p.all_streamed_bytes_per_token).c_str(), p.all_streamed_s_per_token, p.disk_bytes_per_s / 1e9);
+    if (r.slots > 0)
+      std::snprintf(buf, sizeof buf,
+                    "plan: budget %s is below the minimum %s (%s, %s working memory, 2 expert slots of %.1f MB); "
+                    "streaming the whole trunk and every expert would read %s per token (%.2f s at %.2f GB/s)",
+                    gb(double(p.budget)).c_str(), gb(double(p.min_budget)).c_str(), ring, gb(double(p.reserve)).c_str(),
+                    double(p.slot_bytes) / 1e6, gb(p.all_streamed_bytes_per_token).c_str(), p.all_streamed_s_per_token,
+                    p.disk_bytes_per_s / 1e9);
+    else
+      std::snprintf(buf, sizeof buf,
+                    "plan: budget %s is below the resident minimum %s (dense trunk %s resident, %s working memory, 2 "
+                    "expert slots of %.1f MB)",
+                    gb(double(p.budget)).c_str(), gb(double(p.min_budget)).c_str(), gb(double(p.trunk_bytes)).c_str(),
+                    gb(double(p.reserve)).c_str(), double(p.slot_bytes) / 1e6);
     return buf;
   }
+  const std::string trunk = r.slots > 0 ? std::string(ring) : "trunk " + gb(double(p.trunk_bytes)) + " resident";
+  const double tb = p.trunk_bytes_per_call;
+  const std::string trunk_reads = r.slots > 0 ? " + trunk " + gb(tb) : "";
+  const double bw = p.disk_bytes_per_s;
+  (void)tb;
   std::snprintf(buf, sizeof buf,
-                "plan: budget %s = trunk %s resident + %s working + expert cache %lld slots x %.1f MB (%.1f %% of "
-                "%lld experts); flat-routing hit rate %.3f; decode reads %s/token -> >= %.3f s/token at %.2f GB/s; "
-                "prefill chunk of %lld tokens reads %s -> >= %.2f s",
-                gb(double(p.budget)).c_str(), gb(double(p.trunk_bytes)).c_str(), gb(double(p.reserve)).c_str(),
-                (long long)p.cache_slots, double(p.slot_bytes) / 1e6, 100.0 * p.hit_rate,
-                (long long)p.experts_total, p.hit_rate, gb(p.decode_bytes_per_token).c_str(), p.decode_s_per_token,
-                p.disk_bytes_per_s / 1e9, (long long)p.prefill_tokens, gb(p.prefill_bytes_per_chunk).c_str(),
-                p.prefill_s_per_chunk);
+                "plan: budget %s = %s + %s working + expert cache %lld slots x %.1f MB (%.1f %% of %lld experts); "
+                "flat-routing hit rate %.3f; decode reads %s/token of experts%s -> >= %.3f s/token at %.2f GB/s; "
+                "prefill chunk of %lld tokens reads %s%s -> >= %.2f s",
+                gb(double(p.budget)).c_str(), trunk.c_str(), gb(double(p.reserve)).c_str(), (long long)p.cache_slots,
+                double(p.slot_bytes) / 1e6, 100.0 * p.hit_rate, (long long)p.experts_total, p.hit_rate,
+                gb(p.decode_bytes_per_token).c_str(), trunk_reads.c_str(),
+                p.decode_s_per_token, bw / 1e9, (long long)p.prefill_tokens, gb(p.prefill_bytes_per_chunk).c_str(),
+                trunk_reads.c_str(), p.prefill_s_per_chunk);
   return buf;
 }
 

@@ -127,17 +127,37 @@ DataParallelComm project_data_parallel(const K3Config& c, int64_t ranks, int64_t
 //  prefill bytes = moe_layers x E (1 - (1 - top_k/E)^T) x expert_bytes per chunk of T tokens
 //                  (each distinct expert read once per chunk, the cache cold as at the start
 //                  of a prompt; a batched decode of B sequences is a chunk of B)
-//  seconds       >= bytes / disk bandwidth (the bound; compute and the trunk's memory reads
-//                  come on top)
-// and, for a budget the trunk does not fit, what streaming the trunk too would read (trunk
-// bytes + every chosen expert per token; the engine does not stream the trunk: it refuses).
+//  seconds       >= bytes / disk bandwidth (the bound, the trunk's reads included when it is
+//                  streamed; compute comes on top)
+// With the trunk streamed through a ring (infer/trunk_ring.h; `ring` given with slots > 0):
+//  held          = trunk resident part (embedding, lm_head, final norms, every layer's vectors)
+//                  + ring slots x slot bytes, in place of the whole trunk
+//  trunk bytes   = every layer's matrices once per forward call (a decode token, a prefill
+//                  chunk, a batched decode step), on top of the experts' reads
+// and, for any budget, what streaming the trunk too would read with nothing cached.
+// The trunk held as a ring (slots > 0) or resident (slots 0).
+struct TrunkRingPlan {
+  int64_t slots = 0;
+  uint64_t slot_bytes = 0;      // one slot: the largest layer's matrices as read
+  uint64_t resident_bytes = 0;  // the trunk's other tensors, held
+  uint64_t pass_bytes = 0;      // one pass over every layer, as read from disk (alignment included)
+  uint64_t pass_payload = 0;    // the same, matrix bytes only
+  uint64_t ring_bytes() const { return uint64_t(slots) * slot_bytes; }
+  uint64_t held_bytes() const { return resident_bytes + ring_bytes(); }
+};
+// The ring from the config alone (the released layout: matrices bf16, vectors f32; no
+// alignment widening): `k3cpp plan` for a model that is not on disk.
+TrunkRingPlan trunk_ring_plan(const K3Config& c, int64_t slots);
+
 struct StreamProjection {
   uint64_t budget = 0, trunk_bytes = 0, reserve = 0;
   uint64_t expert_bytes = 0;  // one expert's w1, w2, w3 as stored (payload)
   uint64_t slot_bytes = 0;    // one cache slot (payload plus read alignment)
   int64_t moe_layers = 0, E = 0, top_k = 0, experts_total = 0, cache_slots = 0;
-  uint64_t min_budget = 0;  // trunk + reserve + 2 slots
+  uint64_t min_budget = 0;  // trunk (or its resident part + ring) + reserve + 2 slots
   bool fits = false;        // budget >= min_budget
+  TrunkRingPlan ring;       // slots 0: the trunk resident
+  double trunk_bytes_per_call = 0, trunk_s_per_call = 0;  // ring: every layer read once per call
   double disk_bytes_per_s = 0;
   double hit_rate = 0;
   double decode_bytes_per_token = 0, decode_s_per_token = 0;
@@ -154,7 +174,16 @@ uint64_t working_bytes_estimate(const K3Config& c, int64_t tokens);
 // trunk_bytes 0: the config's dense weights in bf16 (as released); slot_bytes 0: expert_bytes.
 StreamProjection project_streaming(const K3Config& c, uint64_t budget, double disk_bytes_per_s,
                                    int64_t prefill_tokens = 512, uint64_t trunk_bytes = 0, uint64_t slot_bytes = 0,
-                                   uint64_t reserve = 0);  // 0: working_bytes_estimate(c, prefill_tokens)
+                                   uint64_t reserve = 0,  // 0: working_bytes_estimate(c, prefill_tokens)
+                                   const TrunkRingPlan& ring = {});
+// The engine's choice of how the trunk is held (infer/weight_stream.h load_inference_model):
+// resident when it fits with the reserve and two expert slots (and !force_ring), else a ring
+// of ring_slots slots (0: two, else one, which reads without overlap); `ring` gives the
+// ring's sizes (its slots are ignored). When nothing fits: the smallest ring's projection
+// (its min_budget is the minimum), fits false.
+StreamProjection plan_streaming(const K3Config& c, uint64_t budget, double disk_bytes_per_s, int64_t prefill_tokens,
+                                uint64_t trunk_bytes, uint64_t slot_bytes, uint64_t reserve, TrunkRingPlan ring,
+                                bool force_ring = false, int64_t ring_slots = 0);
 // One line: "plan: budget 8.00 GB = trunk ... ; expert cache N slots ...; predicted ...".
 std::string stream_projection_line(const StreamProjection& p);
 

@@ -5,9 +5,16 @@
 
 namespace k3 {
 
-ParamLayout::ParamLayout(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& held_as_bf16)
-    : specs_(k3_param_specs(cfg)), bf16_(held_as_bf16), experts_(experts) {
+bool is_streamable_layer_matrix(const ParamSpec& s) {
+  return s.layer >= 0 && s.component != Component::RoutedExperts && s.shape.size() == 2 && s.shape[0] >= 2 &&
+         s.shape[1] >= 2;
+}
+
+ParamLayout::ParamLayout(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& held_as_bf16,
+                         const std::vector<bool>& streamed)
+    : specs_(k3_param_specs(cfg)), bf16_(held_as_bf16), streamed_(streamed), experts_(experts) {
   K3_ASSERT(bf16_.empty() || bf16_.size() == specs_.size(), "bf16_held has one entry per parameter");
+  K3_ASSERT(streamed_.empty() || streamed_.size() == specs_.size(), "streamed has one entry per parameter");
   offsets_.resize(specs_.size());
   index_.reserve(specs_.size());
   int64_t off = 0;
@@ -15,6 +22,11 @@ ParamLayout::ParamLayout(const K3Config& cfg, ExpertStorage experts, const std::
     const ParamSpec& s = specs_[i];
     K3_ASSERT(index_.emplace(s.name, i).second, "duplicate name in the parameter table: " + s.name);
     if (experts == ExpertStorage::Mxfp4 && s.component == Component::RoutedExperts) {
+      offsets_[i] = -1;
+      continue;
+    }
+    if (this->streamed(i)) {
+      K3_ASSERT(is_streamable_layer_matrix(s), "only a layer's dense matrices can be streamed: " + s.name);
       offsets_[i] = -1;
       continue;
     }
@@ -28,6 +40,12 @@ ParamLayout::ParamLayout(const K3Config& cfg, ExpertStorage experts, const std::
     off += (s.numel() + kParamAlign - 1) / kParamAlign * kParamAlign;
   }
   total_ = off;
+}
+
+bool ParamLayout::any_streamed() const {
+  for (bool b : streamed_)
+    if (b) return true;
+  return false;
 }
 
 bool ParamLayout::any_bf16() const {
@@ -47,13 +65,15 @@ size_t ParamLayout::index(const std::string& name) const {
   return it->second;
 }
 
-WeightStore::WeightStore(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& held_as_bf16)
-    : cfg_(cfg), layout_(cfg, experts, held_as_bf16), buffer_(Tensor::zeros(DType::F32, {layout_.total_floats()})) {
+WeightStore::WeightStore(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& held_as_bf16,
+                         const std::vector<bool>& streamed)
+    : cfg_(cfg), layout_(cfg, experts, held_as_bf16, streamed), buffer_(Tensor::zeros(DType::F32, {layout_.total_floats()})) {
   if (experts == ExpertStorage::Mxfp4) mx_.resize(layout_.size());
   if (layout_.any_bf16()) bf16_.resize(layout_.size());
 }
 
 Mat WeightStore::mat(size_t i) const {
+  if (layout_.streamed(i)) return Mat();
   if (layout_.bf16_held(i)) return Mat::from_bf16(bf16(i).data<uint16_t>());
   return Mat(param(i));
 }

@@ -29,8 +29,11 @@ class ParamLayout {
   static constexpr int64_t kParamAlign = 16;  // floats = 64 bytes
 
   ParamLayout() = default;
-  // bf16_held: by table position, the dense matrices held as bf16 (empty: none).
-  ParamLayout(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& bf16_held = {});
+  // bf16_held: by table position, the dense matrices held as bf16 (empty: none). streamed:
+  // the decoder layers' dense matrices not held at all (a TrunkProvider supplies them,
+  // model/trunk_provider.h; empty: none).
+  ParamLayout(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& bf16_held = {},
+              const std::vector<bool>& streamed = {});
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   size_t size() const { return specs_.size(); }
@@ -38,6 +41,8 @@ class ParamLayout {
   int64_t offset(size_t i) const { return offsets_.at(i); }  // -1: not in the buffer
   bool in_buffer(size_t i) const { return offsets_.at(i) >= 0; }
   bool bf16_held(size_t i) const { return i < bf16_.size() && bf16_[i]; }
+  bool streamed(size_t i) const { return i < streamed_.size() && streamed_[i]; }
+  bool any_streamed() const;
   bool any_bf16() const;
   int64_t total_floats() const { return total_; }  // buffer length (multiple of kParamAlign)
   ExpertStorage experts() const { return experts_; }
@@ -48,6 +53,7 @@ class ParamLayout {
   std::vector<ParamSpec> specs_;
   std::vector<int64_t> offsets_;
   std::vector<bool> bf16_;
+  std::vector<bool> streamed_;
   std::unordered_map<std::string, size_t> index_;
   int64_t total_ = 0;
   ExpertStorage experts_ = ExpertStorage::Plain;
@@ -58,7 +64,8 @@ class WeightStore {
   WeightStore() = default;
   // Zero-filled buffer; with Mxfp4 experts the MXFP4 slots start empty (set_mxfp4 fills them),
   // as do the bf16-held matrices (set_bf16).
-  WeightStore(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& bf16_held = {});
+  WeightStore(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& bf16_held = {},
+              const std::vector<bool>& streamed = {});
   WeightStore(WeightStore&&) = default;
   WeightStore& operator=(WeightStore&&) = default;
   WeightStore(const WeightStore&) = delete;
@@ -81,7 +88,8 @@ class WeightStore {
   // A Tensor view [spec shape] of parameter i sharing the buffer (kept alive by the view).
   Tensor tensor(size_t i) const;
 
-  // A weight matrix as held: the f32 slot, or the bf16 tensor (kernels/weight_mat.h).
+  // A weight matrix as held: the f32 slot, or the bf16 tensor (kernels/weight_mat.h); a
+  // streamed matrix (layout().streamed(i)) is a null Mat.
   Mat mat(size_t i) const;
   Mat mat(const std::string& name) const { return mat(layout_.index(name)); }
   // bf16-held dense matrices (layout().bf16_held(i)).
@@ -106,5 +114,10 @@ class WeightStore {
   std::vector<Tensor> bf16_;     // by table position; filled only for bf16-held matrices
   bool external_ = false;        // routed experts supplied by a provider (experts_external)
 };
+
+// The tensors a trunk ring streams (model/trunk_provider.h): a decoder layer's dense matrices
+// (rank 2, both sides >= 2, not routed experts); a layer's vectors, norms and conv taps stay
+// held (they are < 1 % of its bytes).
+bool is_streamable_layer_matrix(const ParamSpec& s);
 
 }  // namespace k3

@@ -6,6 +6,8 @@
 // prints the projection.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "common/cli_run.h"
@@ -38,7 +40,56 @@ std::string make_model(const k3::test::TempDir& t) {
   return dir;
 }
 
+// 13 layers 512 wide (configs/tiny.json otherwise), bf16: a trunk of ~12 MB against two
+// layers of ~1 MB, so a budget between the ring's minimum and the resident one exists.
+std::string make_wide_model(const k3::test::TempDir& t) {
+  K3Config c = load_config(std::string(K3_SOURCE_DIR) + "/configs/tiny.json");
+  c.hidden_size = 512;
+  c.moe_intermediate_size = 64;
+  c.vocab_size = 260;
+  const std::string cfg = t.sub("wide.json"), dir = t.sub("w");
+  write_text_file_atomic(cfg, config_to_hf_json(c));
+  const RunResult r = k3cpp("init " + q(cfg) + " " + q(dir) + " --seed 7 --experts mxfp4 --dtype bf16");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  return dir;
+}
+
+// The number after `key` in `s` (0 if absent).
+double number_after(const std::string& s, const std::string& key) {
+  const size_t p = s.find(key);
+  return p == std::string::npos ? 0 : std::atof(s.c_str() + p + key.size());
+}
+
 }  // namespace
+
+TEST(CliRamBudget, ABudgetBelowTheTrunkStreamsItAndEqualsTheResidentRun) {
+  k3::test::TempDir t("k3_cli_ring");
+  const std::string dir = make_wide_model(t);
+  const std::string ids = "1,7,42,100,3,9";
+  const std::string fwd = "forward " + q(dir) + " --ids " + ids + " --logits ";
+  // The minimum with the trunk streamed and the resident one, from the refusal of a tiny budget.
+  const RunResult no = k3cpp(fwd + q(t.sub("x.f32")) + " --disk-gbps 1 --ram-budget 0.001");
+  ASSERT_NE(no.rc, 0);
+  const double ring_min = number_after(no.err, "below the minimum of "),
+               resident = number_after(no.err, "the whole trunk resident would need ");
+  ASSERT_GT(ring_min, 0) << no.err;
+  ASSERT_GT(resident - ring_min, 0.004) << no.err;
+  char budget[32];
+  std::snprintf(budget, sizeof budget, "%.4f", (ring_min + resident) / 2);
+  ASSERT_EQ(k3cpp(fwd + q(t.sub("res.f32"))).rc, 0);
+  const RunResult f = k3cpp(fwd + q(t.sub("s.f32")) + " --disk-gbps 1 --ram-budget " + budget);
+  ASSERT_EQ(f.rc, 0) << f.err;
+  EXPECT_EQ(slurp(t.sub("s.f32")), slurp(t.sub("res.f32")));
+  EXPECT_TRUE(has(f.err, "dense trunk streamed")) << f.err;
+  EXPECT_TRUE(has(f.err, "trunk ring: ")) << f.err;
+  const std::string gen = "generate " + q(dir) + " --ids " + ids + " --max-tokens 5 --ids-out";
+  const RunResult g0 = k3cpp(gen), g1 = k3cpp(gen + " --disk-gbps 1 --ram-budget " + budget);
+  ASSERT_EQ(g0.rc, 0) << g0.err;
+  ASSERT_EQ(g1.rc, 0) << g1.err;
+  EXPECT_EQ(g1.out, g0.out);
+  EXPECT_TRUE(has(g1.err, "trunk streamed through a ring of")) << g1.err;
+  EXPECT_TRUE(has(g1.err, "generate: decode: 4 tokens") && has(g1.err, "trunk read ")) << g1.err;
+}
 
 TEST(CliRamBudget, ForwardAndGenerateEqualTheResidentRun) {
   k3::test::TempDir t("k3_cli_budget");
@@ -47,7 +98,8 @@ TEST(CliRamBudget, ForwardAndGenerateEqualTheResidentRun) {
   ASSERT_EQ(k3cpp("forward " + q(dir) + " --ids " + ids + " --logits " + q(t.sub("res.f32"))).rc, 0);
   const std::string want = slurp(t.sub("res.f32"));
   ASSERT_FALSE(want.empty());
-  for (const char* extra : {"--cache-policy s3fifo --io direct", "--cache-policy lru --io buffered"}) {
+  for (const char* extra :
+       {"--cache-policy s3fifo --io direct", "--cache-policy lru --io buffered", "--io direct --trunk-slots 2"}) {
     const RunResult r = k3cpp("forward " + q(dir) + " --ids " + ids + " --logits " + q(t.sub("s.f32")) +
                               " --ram-budget 0.2 --disk-gbps 1 " + extra);
     ASSERT_EQ(r.rc, 0) << r.err;
@@ -73,7 +125,7 @@ TEST(CliRamBudget, BadBudgetsAndOptionsFailClearly) {
   const std::string fwd = "forward " + q(dir) + " --ids 1,2 --logits " + q(t.sub("l.f32"));
   RunResult r = k3cpp(fwd + " --ram-budget 0.001");
   EXPECT_NE(r.rc, 0);
-  EXPECT_TRUE(has(r.err, "--ram-budget") && has(r.err, "resident minimum")) << r.err;
+  EXPECT_TRUE(has(r.err, "--ram-budget") && has(r.err, "below the minimum")) << r.err;
   r = k3cpp(fwd + " --ram-budget -3");
   EXPECT_NE(r.rc, 0);
   EXPECT_TRUE(has(r.err, "--ram-budget")) << r.err;
@@ -89,8 +141,13 @@ TEST(CliRamBudget, PlanProjectsTheFullK3) {
   const std::string k3 = q(std::string(K3_SOURCE_DIR) + "/configs/kimi-k3.json");
   RunResult r = k3cpp("plan " + k3 + " --ram-budget 8 --disk-gbps 7");
   ASSERT_EQ(r.rc, 0) << r.err;
-  // The bf16 trunk (~110 GB) does not fit 8 GB: the engine would refuse; the projection says so.
-  EXPECT_TRUE(has(r.out, "below the resident minimum")) << r.out;
+  // The bf16 trunk (~110 GB) does not fit 8 GB, nor its embedding and lm_head (4.7 GB) with a
+  // ring slot for the dense first layer (2.3 GB) and the working memory: the minimum is named.
+  EXPECT_TRUE(has(r.out, "below the minimum")) << r.out;
+  EXPECT_TRUE(has(r.out, "trunk streamed through a ring of 1 slot")) << r.out;
+  r = k3cpp("plan " + k3 + " --ram-budget 12 --disk-gbps 7");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "trunk streamed through a ring of 2 slots")) << r.out;
   r = k3cpp("plan " + k3 + " --ram-budget 256 --disk-gbps 7 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(has(r.out, "\"decode_bytes_per_token\"")) << r.out;

@@ -321,7 +321,7 @@ TEST(WeightStream, ImpossibleBudgetNamesTheOptionAndTheMinimum) {
   } catch (const Error& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("--ram-budget"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("resident minimum"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("below the minimum"), std::string::npos) << msg;
     EXPECT_NE(msg.find("dense trunk"), std::string::npos) << msg;
   }
 }

@@ -726,26 +726,33 @@ TEST(ServeHttp, ShutdownDrainsInFlightStreams) {
   EXPECT_LT(live->server->stats().generation_tokens_total, 3600u);
 }
 
-// Under --ram-budget the routed experts stream from disk into the expert cache: the same greedy
-// reply, token for token and log-probability for log-probability, as the resident server.
+// Under --ram-budget the routed experts stream from disk into the expert cache (and, forced
+// here, the dense trunk through a ring of two slots): the same greedy reply, token for token and
+// log-probability for log-probability, as the resident server.
 TEST(ServeHttp, RamBudgetGivesTheResidentReply) {
   const std::string body = with(kHello, R"("max_tokens":12,"temperature":0,"logprobs":true,"top_logprobs":2)");
   Live resident;
   const Reply want = post(*resident.cli, "/v1/chat/completions", body);
   ASSERT_EQ(want.status, 200) << want.body;
-  Live budgeted({}, {}, false);
-  k3::LoadOptions lo;
-  lo.dense_as_stored = true;
-  lo.log = [](const std::string&) {};
-  lo.ram_budget_bytes = 60'000'000;
-  k3::StreamOptions so;
-  so.tokens_per_call = 256;
-  budgeted.server->load(kModel, lo, so, 1e9);
-  ASSERT_NE(budgeted.server->inference_model(), nullptr);
-  ASSERT_NE(budgeted.server->inference_model()->stream, nullptr);  // really streaming
-  const Reply got = post(*budgeted.cli, "/v1/chat/completions", body);
-  ASSERT_EQ(got.status, 200) << got.body;
-  EXPECT_EQ(got.json["choices"][0]["message"], want.json["choices"][0]["message"]);
-  EXPECT_EQ(got.json["choices"][0]["logprobs"], want.json["choices"][0]["logprobs"]);
-  EXPECT_GT(budgeted.server->inference_model()->stream->stats().calls, 0);
+  for (bool ring : {false, true}) {
+    Live budgeted({}, {}, false);
+    k3::LoadOptions lo;
+    lo.dense_as_stored = true;
+    lo.log = [](const std::string&) {};
+    lo.ram_budget_bytes = 60'000'000;
+    k3::StreamOptions so;
+    so.tokens_per_call = 256;
+    so.stream_trunk = ring;
+    so.trunk_slots = ring ? 2 : 0;
+    budgeted.server->load(kModel, lo, so, 1e9);
+    ASSERT_NE(budgeted.server->inference_model(), nullptr);
+    ASSERT_NE(budgeted.server->inference_model()->stream, nullptr);  // really streaming
+    EXPECT_EQ(budgeted.server->inference_model()->trunk != nullptr, ring);
+    const Reply got = post(*budgeted.cli, "/v1/chat/completions", body);
+    ASSERT_EQ(got.status, 200) << got.body;
+    EXPECT_EQ(got.json["choices"][0]["message"], want.json["choices"][0]["message"]) << "ring " << ring;
+    EXPECT_EQ(got.json["choices"][0]["logprobs"], want.json["choices"][0]["logprobs"]) << "ring " << ring;
+    EXPECT_GT(budgeted.server->inference_model()->stream->stats().calls, 0);
+    if (ring) EXPECT_GT(budgeted.server->inference_model()->trunk->stats().acquires, 0);
+  }
 }

@@ -1,0 +1,395 @@
+// The dense trunk streamed layer by layer through a ring of owned slots (see trunk_ring.h).
+#include "infer/trunk_ring.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "infer/direct_io.h"
+#include "model/k3_model.h"
+
+namespace k3 {
+
+namespace {
+
+constexpr uint64_t kAlign = 4096;              // O_DIRECT granularity; also used buffered (same slot layout)
+constexpr uint64_t kMaxGap = uint64_t(64) << 10;  // matrices closer than this are one read
+
+uint64_t align_down(uint64_t x, uint64_t a) { return x / a * a; }
+uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Bytes the loader holds for a trunk tensor that is not streamed: bf16 matrices as stored with
+// dense_as_stored (its bf16_held rule, model/checkpoint.cpp), everything else f32.
+uint64_t held_bytes(const CheckpointReader& ck, const ParamSpec& s, bool dense_as_stored) {
+  const bool bf16 = dense_as_stored && s.shape.size() == 2 && s.shape[0] >= 2 && s.shape[1] >= 2 && ck.has(s.name) &&
+                    ck.info(s.name).dtype == DType::BF16 && ck.info(s.name).shape == s.shape;
+  return uint64_t(s.numel()) * (bf16 ? 2 : 4);
+}
+
+}  // namespace
+
+std::vector<TrunkRing::Layer> TrunkRing::locate(const CheckpointReader& ck, const K3Config& cfg, bool dense_as_stored,
+                                                std::vector<std::string>* files) {
+  std::map<std::string, int> file_ix;
+  std::vector<Layer> layers(size_t(cfg.num_hidden_layers));
+  for (const ParamSpec& s : k3_param_specs(cfg)) {
+    if (!is_streamable_layer_matrix(s)) continue;
+    const TensorInfo& ti = ck.info(s.name);
+    if (ti.shape != s.shape)
+      fail_input(ti.file, s.name, "shape " + shape_str(ti.shape) + ", expected " + shape_str(s.shape));
+    if (ti.dtype != DType::F32 && ti.dtype != DType::BF16 && ti.dtype != DType::F16)
+      fail_input(ti.file, s.name, std::string("dtype ") + dtype_name(ti.dtype) + ", expected f32, bf16 or f16");
+    auto it = file_ix.emplace(ti.file, int(file_ix.size())).first;
+    Part p;
+    p.name = s.name;
+    p.file = it->second;
+    p.offset = ti.offset;
+    p.nbytes = ti.nbytes;
+    p.dtype = ti.dtype;
+    p.numel = s.numel();
+    p.in_place = dense_as_stored && ti.dtype == DType::BF16;
+    layers[size_t(s.layer)].parts.push_back(p);
+  }
+  for (Layer& L : layers) {
+    std::sort(L.parts.begin(), L.parts.end(), [](const Part& a, const Part& b) {
+      return a.file != b.file ? a.file < b.file : a.offset < b.offset;
+    });
+    // Runs: one read per group of matrices close together in one file, each widened to
+    // 4096-byte boundaries and landing at a 4096-aligned slot offset, so a bf16 matrix used in
+    // place keeps the alignment it has in the file (as a mapped view would).
+    uint64_t slot = 0;
+    for (size_t i = 0; i < L.parts.size();) {
+      size_t j = i + 1;
+      uint64_t end = L.parts[i].offset + L.parts[i].nbytes;
+      while (j < L.parts.size() && L.parts[j].file == L.parts[i].file && L.parts[j].offset <= end + kMaxGap) {
+        end = std::max(end, L.parts[j].offset + L.parts[j].nbytes);
+        ++j;
+      }
+      Run r;
+      r.file = L.parts[i].file;
+      r.start = align_down(L.parts[i].offset, kAlign);
+      r.len = align_up(end, kAlign) - r.start;
+      r.need = end - r.start;
+      r.slot_off = slot;
+      r.first_part = i;
+      for (size_t q = i; q < j; ++q) L.parts[q].raw_off = slot + (L.parts[q].offset - r.start);
+      slot += r.len;
+      L.device += r.len;
+      L.runs.push_back(r);
+      i = j;
+    }
+    // The f32 area: matrices the resident model holds in f32 (64-byte aligned like its buffer).
+    for (Part& p : L.parts) {
+      L.payload += p.nbytes;
+      if (p.in_place) continue;
+      slot = align_up(slot, 64);
+      p.f32_off = slot;
+      slot += uint64_t(p.numel) * 4;
+    }
+    L.bytes = slot;
+    for (size_t q = 0; q < L.parts.size(); ++q) L.by_name[L.parts[q].name] = q;
+  }
+  if (files) {
+    files->assign(file_ix.size(), "");
+    for (const auto& [f, i] : file_ix) (*files)[size_t(i)] = f;
+  }
+  return layers;
+}
+
+TrunkRingPlan TrunkRing::measure(const CheckpointReader& ck, const K3Config& cfg, bool dense_as_stored,
+                                 int64_t slots) {
+  TrunkRingPlan p;
+  p.slots = slots;
+  for (const Layer& L : locate(ck, cfg, dense_as_stored, nullptr)) {
+    p.slot_bytes = std::max(p.slot_bytes, L.bytes);
+    p.pass_bytes += L.device;
+    p.pass_payload += L.payload;
+  }
+  p.slot_bytes = align_up(std::max<uint64_t>(p.slot_bytes, 1), kAlign);
+  for (const ParamSpec& s : k3_param_specs(cfg))
+    if (s.component != Component::RoutedExperts && !is_streamable_layer_matrix(s))
+      p.resident_bytes += held_bytes(ck, s, dense_as_stored);
+  return p;
+}
+
+TrunkRing::TrunkRing(const CheckpointReader& ck, const WeightStore& store, const TrunkRingOptions& opt)
+    : cfg_(store.config()), opt_(opt) {
+  K3_ASSERT(opt.slots >= 1, "trunk ring: needs at least one slot");
+  layers_ = locate(ck, cfg_, opt.dense_as_stored, &files_);
+  const ParamLayout& lay = store.layout();
+  for (size_t i = 0; i < lay.size(); ++i) {
+    const ParamSpec& s = lay.spec(i);
+    if (s.layer < 0 || s.component == Component::RoutedExperts) continue;
+    if (lay.streamed(i)) continue;
+    K3_ASSERT(!is_streamable_layer_matrix(s), "trunk ring: the store holds a layer matrix it should stream: " + s.name);
+    layers_[size_t(s.layer)].held[s.name] = store.mat(i);
+  }
+  open_for_reads(files_, opt.direct, opt.require_direct, !opt.direct, &fds_, &direct_, &io_mode_);
+  for (const Layer& L : layers_) slot_bytes_ = std::max(slot_bytes_, L.bytes);
+  slot_bytes_ = align_up(std::max<uint64_t>(slot_bytes_, 1), kAlign);
+  arena_ = map_owned_arena(uint64_t(opt.slots) * slot_bytes_, "the trunk ring arena", &arena_bytes_);
+  slots_.resize(size_t(opt.slots));
+  views_.resize(size_t(opt.slots));
+  io_ = std::thread([this] { io_loop(); });
+}
+
+TrunkRing::~TrunkRing() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_io_.notify_all();
+  if (io_.joinable()) io_.join();
+  for (int fd : fds_) ::close(fd);
+  unmap_owned_arena(arena_, arena_bytes_);
+}
+
+void TrunkRing::read_layer(int64_t slot, int64_t layer) {
+  const Layer& L = layers_[size_t(layer)];
+  uint8_t* base = arena_ + uint64_t(slot) * slot_bytes_;
+  for (const Run& r : L.runs) {
+    const int fd = fds_[size_t(r.file)];
+    uint64_t got = 0;
+    while (got < r.len) {
+      const double t0 = now_s();
+      uint8_t* dst = base + r.slot_off + got;
+      const off_t at = off_t(r.start + got);
+      const ssize_t n = opt_.pread_hook ? opt_.pread_hook(fd, dst, size_t(r.len - got), at)
+                                        : ::pread(fd, dst, size_t(r.len - got), at);
+      const int err = errno;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        st_.io_seconds += now_s() - t0;
+        ++st_.reads;
+        if (n > 0) st_.device_bytes += uint64_t(n);
+      }
+      auto what = [&] {
+        // The matrix the failing byte belongs to (or the first of the run).
+        size_t q = r.first_part;
+        for (size_t k = r.first_part; k < L.parts.size() && L.parts[k].file == r.file; ++k)
+          if (L.parts[k].offset <= r.start + got) q = k;
+        return "the trunk of layer " + std::to_string(layer) + " (" + L.parts[q].name + ", a read of " +
+               std::to_string(r.need) + " bytes from offset " + std::to_string(r.start) + ") from " +
+               files_[size_t(r.file)] + " at offset " + std::to_string(r.start + got);
+      };
+      if (n < 0) {
+        if (err == EINTR) continue;
+        fail("reading " + what() + ": " + std::strerror(err));
+      }
+      if (n == 0) {
+        if (got >= r.need) break;  // end of file inside the alignment widening
+        fail("reading " + what() + ": short read, got " + std::to_string(got) + " of " + std::to_string(r.need) +
+             " bytes (the file ends there: truncated or replaced while in use?)");
+      }
+      got += uint64_t(n);
+    }
+    if (!direct_) ::posix_fadvise(fd, off_t(r.start), off_t(r.len), POSIX_FADV_DONTNEED);
+  }
+  // Matrices held in f32 by the resident model: converted as the loader does (exact widening).
+  for (const Part& p : L.parts) {
+    if (p.in_place) continue;
+    const uint8_t* src = base + p.raw_off;
+    float* dst = reinterpret_cast<float*>(base + p.f32_off);
+    switch (p.dtype) {
+      case DType::F32: std::memcpy(dst, src, size_t(p.numel) * 4); break;
+      case DType::BF16: bf16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, size_t(p.numel)); break;
+      case DType::F16: f16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, size_t(p.numel)); break;
+      default: K3_ASSERT(false, "trunk ring: not a float dtype");
+    }
+  }
+}
+
+void TrunkRing::io_loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    cv_io_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    const int64_t slot = queue_.front();
+    queue_.pop_front();
+    const int64_t layer = slots_[size_t(slot)].layer;
+    lk.unlock();
+    std::string err;
+    try {
+      read_layer(slot, layer);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    lk.lock();
+    Slot& s = slots_[size_t(slot)];
+    --reading_;
+    ++st_.layer_reads;
+    if (err.empty()) {
+      s.state = Slot::Ready;
+      st_.payload_bytes += layers_[size_t(layer)].payload;
+    } else {
+      s.state = Slot::Ready;  // acquire reports the error and empties the slot
+      s.error = err;
+    }
+    s.bound = -1;
+    cv_done_.notify_all();
+  }
+}
+
+int64_t TrunkRing::find_locked(int64_t layer) const {
+  for (size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].layer == layer && slots_[i].state != Slot::Empty) return int64_t(i);
+  return -1;
+}
+
+bool TrunkRing::start_read_locked(int64_t layer, bool ahead) {
+  // A free slot: not pinned, not being read; an empty one first, else the least recently used.
+  int64_t best = -1;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.pins > 0 || s.state == Slot::Reading) continue;
+    if (best < 0 || (s.state == Slot::Empty && slots_[size_t(best)].state != Slot::Empty) ||
+        (s.state == slots_[size_t(best)].state && s.last_use < slots_[size_t(best)].last_use))
+      best = int64_t(i);
+  }
+  if (best < 0) return false;
+  Slot& s = slots_[size_t(best)];
+  s.layer = layer;
+  s.state = Slot::Reading;
+  s.error.clear();
+  s.bound = -1;
+  s.ahead = ahead;
+  queue_.push_back(best);
+  ++reading_;
+  cv_io_.notify_one();
+  return true;
+}
+
+void TrunkRing::begin_call() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_call_.wait(lk, [&] { return !in_call_; });  // another thread's forward: wait for its end
+  in_call_ = true;
+  owner_ = std::this_thread::get_id();
+}
+
+void TrunkRing::end_call() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (Slot& s : slots_) s.pins = 0;  // a call that threw may still hold its layer
+  // The next call starts at layer 0 (a normal call has asked for it already; one that threw
+  // may have asked for a layer no call needs next).
+  wanted_ = -1;
+  if (find_locked(0) < 0) start_read_locked(0, true);
+  in_call_ = false;
+  cv_call_.notify_all();
+}
+
+void TrunkRing::prefetch(int64_t layer) {
+  std::lock_guard<std::mutex> lk(mu_);
+  K3_ASSERT(layer >= 0 && layer < int64_t(layers_.size()), "trunk ring: no such layer");
+  if (find_locked(layer) >= 0) return;
+  if (!start_read_locked(layer, true)) wanted_ = layer;  // started when a slot is released
+}
+
+LayerWeights& TrunkRing::acquire(int64_t layer) {
+  std::unique_lock<std::mutex> lk(mu_);
+  K3_ASSERT(layer >= 0 && layer < int64_t(layers_.size()), "trunk ring: no such layer");
+  ++st_.acquires;
+  int64_t slot;
+  while ((slot = find_locked(layer)) < 0) {
+    if (wanted_ == layer) wanted_ = -1;
+    if (start_read_locked(layer, false)) continue;
+    cv_done_.wait(lk);  // every slot is being read (a read started before an error): wait for one
+  }
+  Slot& s = slots_[size_t(slot)];
+  if (s.state == Slot::Reading) {
+    const double t0 = now_s();
+    cv_done_.wait(lk, [&] { return s.state != Slot::Reading; });
+    st_.wait_seconds += now_s() - t0;
+  } else {
+    ++st_.hits;
+  }
+  if (!s.error.empty() && s.ahead) {  // a read ahead failed: read it once more, now
+    s.error.clear();
+    s.ahead = false;
+    s.state = Slot::Reading;
+    queue_.push_back(slot);
+    ++reading_;
+    cv_io_.notify_one();
+    const double t0 = now_s();
+    cv_done_.wait(lk, [&] { return s.state != Slot::Reading; });
+    st_.wait_seconds += now_s() - t0;
+  }
+  if (!s.error.empty()) {
+    const std::string e = s.error;
+    s = Slot{};  // never served: the next acquire reads the layer again
+    fail(e);
+  }
+  ++s.pins;
+  s.last_use = ++tick_;
+  if (s.bound != layer) bind(slot);
+  return views_[size_t(slot)];
+}
+
+void TrunkRing::release(int64_t layer) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const int64_t slot = find_locked(layer);
+  K3_ASSERT(slot >= 0 && slots_[size_t(slot)].pins > 0, "trunk ring: release of a layer not acquired");
+  --slots_[size_t(slot)].pins;
+  if (wanted_ >= 0 && find_locked(wanted_) < 0 && start_read_locked(wanted_, true)) wanted_ = -1;
+}
+
+void TrunkRing::bind(int64_t slot) {
+  Slot& s = slots_[size_t(slot)];
+  const Layer& L = layers_[size_t(s.layer)];
+  uint8_t* base = arena_ + uint64_t(slot) * slot_bytes_;
+  auto P = [&](const std::string& name) -> Mat {
+    if (auto it = L.by_name.find(name); it != L.by_name.end()) {
+      const Part& p = L.parts[it->second];
+      if (p.in_place) return Mat::from_bf16(reinterpret_cast<const uint16_t*>(base + p.raw_off));
+      return Mat(reinterpret_cast<const float*>(base + p.f32_off));
+    }
+    auto h = L.held.find(name);
+    K3_ASSERT(h != L.held.end(), "trunk ring: no view for " + name);
+    return h->second;
+  };
+  views_[size_t(slot)] = bind_layer_weights(cfg_, s.layer, P);
+  s.bound = s.layer;
+}
+
+void TrunkRing::wait_idle() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_done_.wait(lk, [&] { return reading_ == 0; });
+}
+
+TrunkStats TrunkRing::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return st_;
+}
+
+void TrunkRing::reset_stats() {
+  std::lock_guard<std::mutex> lk(mu_);
+  st_ = TrunkStats{};
+}
+
+std::string trunk_stats_line(const TrunkRing& r) {
+  const TrunkStats st = r.stats();
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "trunk ring: %lld slots x %.1f MB; %lld layers acquired (%lld already read), %lld layer reads, %.3f GB "
+                "of matrices (%.3f GB from disk in %lld reads, %.2f s in pread, %.2f GB/s); compute waited %.2f s (%.0f %% of "
+                "the read time overlapped compute)",
+                (long long)r.slots(), double(r.slot_bytes()) / 1e6, (long long)st.acquires, (long long)st.hits,
+                (long long)st.layer_reads, double(st.payload_bytes) / 1e9, double(st.device_bytes) / 1e9,
+                (long long)st.reads, st.io_seconds,
+                st.io_seconds > 0 ? double(st.device_bytes) / st.io_seconds / 1e9 : 0.0, st.wait_seconds,
+                st.io_seconds > 0 ? 100.0 * std::max(0.0, 1 - st.wait_seconds / st.io_seconds) : 0.0);
+  return buf;
+}
+
+}  // namespace k3
