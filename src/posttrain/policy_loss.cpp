@@ -33,6 +33,48 @@ void group_advantages(const std::vector<LossSample>& s, bool std_norm, std::vect
   }
 }
 
+double sample_policy_loss(const LossSample& x, double A, int64_t N, int64_t n_samples, const PolicyLossOptions& o,
+                          std::vector<double>& dl, PolicyLossResult& r, double& ratio_sum, double& kl_sum) {
+  dl.assign(x.logp.size(), 0.0);
+  double loss = 0;
+  if (o.kind == RLLossKind::dapo) {
+    for (size_t t = 0; t < x.logp.size(); ++t) {
+      if (!x.mask[t]) continue;
+      const double rho = std::exp(x.logp[t] - x.behav_logp[t]);
+      ratio_sum += rho;
+      // min(rho A, clip(rho) A): the unclipped branch is the minimum (and carries the
+      // gradient) when A > 0 and rho <= 1 + eps_high, or A < 0 and rho >= 1 - eps_low.
+      const double clipped = std::clamp(rho, 1.0 - o.clip_low, 1.0 + o.clip_high);
+      const bool live = (A >= 0 ? rho <= 1.0 + o.clip_high : rho >= 1.0 - o.clip_low) && rho <= o.is_cap;
+      const double obj = live ? rho * A : std::min(rho * A, clipped * A);
+      loss -= obj / double(N);
+      if (live) dl[t] = -A * rho / double(N);
+      else r.clipped++;
+      if (o.kl_coef > 0) {
+        const double d = x.ref_logp[t] - x.logp[t];
+        const double kl = std::exp(d) - d - 1.0;
+        kl_sum += kl;
+        loss += o.kl_coef * kl / double(N);
+        dl[t] += o.kl_coef * (1.0 - std::exp(d)) / double(N);
+      }
+    }
+  } else {
+    double delta = 0;
+    for (size_t t = 0; t < x.logp.size(); ++t) {
+      if (!x.mask[t]) continue;
+      delta += x.logp[t] - x.behav_logp[t];
+      ratio_sum += std::exp(x.logp[t] - x.behav_logp[t]);
+    }
+    // r_i - mean r is the (un-normalised) group advantage A.
+    const double e = A - o.tau * delta;
+    loss += e * e / double(n_samples);
+    const double g = -2.0 * o.tau * e / double(n_samples);
+    for (size_t t = 0; t < x.logp.size(); ++t)
+      if (x.mask[t]) dl[t] = g;
+  }
+  return loss;
+}
+
 PolicyLossResult policy_loss(const std::vector<LossSample>& s, const PolicyLossOptions& o,
                              std::vector<std::vector<double>>& dlogp) {
   PolicyLossResult r;
@@ -54,46 +96,8 @@ PolicyLossResult policy_loss(const std::vector<LossSample>& s, const PolicyLossO
   r.tokens = N;
   if (r.kept == 0 || N == 0) return r;
   double ratio_sum = 0, kl_sum = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (!r.keep[i]) continue;
-    const LossSample& x = s[i];
-    const double A = r.advantage[i];
-    if (o.kind == RLLossKind::dapo) {
-      for (size_t t = 0; t < x.logp.size(); ++t) {
-        if (!x.mask[t]) continue;
-        const double rho = std::exp(x.logp[t] - x.behav_logp[t]);
-        ratio_sum += rho;
-        // min(rho A, clip(rho) A): the unclipped branch is the minimum (and carries the
-        // gradient) when A > 0 and rho <= 1 + eps_high, or A < 0 and rho >= 1 - eps_low.
-        const double clipped = std::clamp(rho, 1.0 - o.clip_low, 1.0 + o.clip_high);
-        const bool live = (A >= 0 ? rho <= 1.0 + o.clip_high : rho >= 1.0 - o.clip_low) && rho <= o.is_cap;
-        const double obj = live ? rho * A : std::min(rho * A, clipped * A);
-        r.loss -= obj / double(N);
-        if (live) dlogp[i][t] = -A * rho / double(N);
-        else r.clipped++;
-        if (o.kl_coef > 0) {
-          const double d = x.ref_logp[t] - x.logp[t];
-          const double kl = std::exp(d) - d - 1.0;
-          kl_sum += kl;
-          r.loss += o.kl_coef * kl / double(N);
-          dlogp[i][t] += o.kl_coef * (1.0 - std::exp(d)) / double(N);
-        }
-      }
-    } else {
-      double delta = 0;
-      for (size_t t = 0; t < x.logp.size(); ++t) {
-        if (!x.mask[t]) continue;
-        delta += x.logp[t] - x.behav_logp[t];
-        ratio_sum += std::exp(x.logp[t] - x.behav_logp[t]);
-      }
-      // r_i - mean r is the (un-normalised) group advantage A.
-      const double e = A - o.tau * delta;
-      r.loss += e * e / double(n_samples);
-      const double g = -2.0 * o.tau * e / double(n_samples);
-      for (size_t t = 0; t < x.logp.size(); ++t)
-        if (x.mask[t]) dlogp[i][t] = g;
-    }
-  }
+  for (size_t i = 0; i < s.size(); ++i)
+    if (r.keep[i]) r.loss += sample_policy_loss(s[i], r.advantage[i], N, n_samples, o, dlogp[i], r, ratio_sum, kl_sum);
   r.mean_ratio = ratio_sum / double(N);
   r.kl = kl_sum / double(N);
   return r;

@@ -61,6 +61,11 @@ struct PolicyLossResult {
 void group_advantages(const std::vector<LossSample>& s, bool std_norm, std::vector<double>& adv,
                       std::vector<uint8_t>& keep);
 
+// One kept sample's share of the loss given its advantage A, the batch's loss tokens N and
+// kept samples n (dlogp resized to s.logp); adds its clip count and ratio / kl sums to r.
+double sample_policy_loss(const LossSample& s, double A, int64_t N, int64_t n, const PolicyLossOptions& o,
+                          std::vector<double>& dlogp, PolicyLossResult& r, double& ratio_sum, double& kl_sum);
+
 // The loss of the batch; dlogp[i] (resized to s[i].logp) receives dL/dlogp for every token.
 PolicyLossResult policy_loss(const std::vector<LossSample>& s, const PolicyLossOptions& o,
                              std::vector<std::vector<double>>& dlogp);
