@@ -46,8 +46,6 @@ Trajectory make_trajectory(const chat::Conversation& conv, const ChatVocab& voca
   return t;
 }
 
-namespace {
-
 // The assistant turn that just ended (ids [turn_start, end)): its response is recorded; with
 // the tool on and calls made, the tool results and the next generation prompt are appended.
 void end_turn(Trajectory& t, const ChatVocab& vocab, const RolloutOptions& o) {
@@ -111,8 +109,6 @@ void end_turn(Trajectory& t, const ChatVocab& vocab, const RolloutOptions& o) {
   }
   t.turn_start = int64_t(t.ids.size());
 }
-
-}  // namespace
 
 RolloutStats advance(const K3Model& model, const ChatVocab& vocab, std::vector<Trajectory*>& ts, int64_t need,
                      int32_t version, const RolloutOptions& o) {

@@ -70,6 +70,11 @@ Trajectory make_trajectory(const chat::Conversation& conv, const ChatVocab& voca
 RolloutStats advance(const K3Model& model, const ChatVocab& vocab, std::vector<Trajectory*>& ts, int64_t need,
                      int32_t version, const RolloutOptions& o);
 
+// The environment's step when an assistant turn has ended (its <|end_of_msg|> is the last id):
+// records the response; runs the tool calls and appends their results and the next generation
+// prompt (gen = 0), or finishes the trajectory. advance() calls it; public for tests.
+void end_turn(Trajectory& t, const ChatVocab& vocab, const RolloutOptions& o);
+
 // The token drawn from logits [V] with uniform u in [0, 1) (inverse CDF of softmax); its
 // log-probability in *logp.
 int32_t draw_token(const float* logits, int64_t V, double u, double* logp);
