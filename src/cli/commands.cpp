@@ -23,6 +23,7 @@ int cmd_detokenize(const std::vector<std::string>& args);
 int cmd_tokenizer(const std::vector<std::string>& args);
 int cmd_sft(const std::vector<std::string>& args);
 int cmd_rl(const std::vector<std::string>& args);
+int cmd_arith_corpus(const std::vector<std::string>& args);
 
 static const Command kCommands[] = {
     {"plan", "parameter counts, memory, FLOPs and placement for a config", cmd_plan},
@@ -35,6 +36,7 @@ static const Command kCommands[] = {
     {"train", "train a model from a run file (stages, checkpoints, resume)", cmd_train},
     {"sft", "supervised fine-tuning on XTML conversations (loss on assistant tokens only)", cmd_sft},
     {"rl", "RL with verifiable rewards (group sampling, DAPO / mirror descent, effort budgets)", cmd_rl},
+    {"arith-corpus", "write the arithmetic pretraining corpus (worked traces) of the post-training demo", cmd_arith_corpus},
     {"eval", "held-out loss, bits/byte and MoE routing balance of a model", cmd_eval},
     {"tokenize", "encode text with a tiktoken vocabulary (K3's tokenizer), print the ids", cmd_tokenize},
     {"detokenize", "decode token ids with a tiktoken vocabulary", cmd_detokenize},

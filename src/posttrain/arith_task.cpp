@@ -200,3 +200,25 @@ ArithFamily parse_arith_family(const nlohmann::json& j, const std::string& file,
 }
 
 }  // namespace k3
+
+#include "io/chat_render.h"
+
+namespace k3 {
+
+std::vector<std::string> pretrain_corpus(const ArithFamily& f, int64_t per_doc) {
+  std::vector<std::string> docs;
+  std::string doc;
+  for (int64_t i = 0; i < f.problems; ++i) {
+    const ArithItem it = arith_item(f, i);
+    doc += pretrain_document(it.problem);
+    if ((i + 1) % per_doc == 0 || i + 1 == f.problems) {
+      for (const chat::Segment& s : chat::render(sft_conversation(it.problem, it.effort, it.tool)))
+        if (!s.is_control) doc += s.text;
+      docs.push_back(doc + "\n");
+      doc.clear();
+    }
+  }
+  return docs;
+}
+
+}  // namespace k3

@@ -68,3 +68,11 @@ ArithFamily parse_arith_family(const nlohmann::json& j, const std::string& file,
 chat::Effort parse_effort(const std::string& name, const std::string& file, const std::string& field);
 
 }  // namespace k3
+
+namespace k3 {
+// Pretraining documents for the family's problems, `per_doc` problems each: every problem as
+// its plain max-effort trace (pretrain_document), and per document the text segments of one
+// chat conversation (its system notes, question, trace and answer, without the XTML control
+// tokens), so the vocabulary and the model know the prompt's words before SFT.
+std::vector<std::string> pretrain_corpus(const ArithFamily& f, int64_t per_doc);
+}  // namespace k3
