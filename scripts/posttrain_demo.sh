@@ -19,16 +19,16 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
 case "$SCALE" in
-  full)    PROBLEMS=20000; PRE_TOKENS=1200000; SFT_STEPS=300; SFT_PROBLEMS=4000; RL_STEPS=60; RL_PROMPTS=4; G=8
-           EVAL_PROBLEMS=36; EVAL_K=8; PARTIAL_STEPS=6 ;;
+  full)    PROBLEMS=40000; PRE_TOKENS=2400000; SFT_STEPS=300; SFT_PROBLEMS=6000; RL_STEPS=60; RL_PROMPTS=4; G=8
+           EVAL_PROBLEMS=72; EVAL_K=8; PARTIAL_STEPS=6 ;;
   reduced) PROBLEMS=12000; PRE_TOKENS=600000; SFT_STEPS=160; SFT_PROBLEMS=3000; RL_STEPS=30; RL_PROMPTS=4; G=8
            EVAL_PROBLEMS=18; EVAL_K=8; PARTIAL_STEPS=4 ;;
   tiny)    PROBLEMS=300; PRE_TOKENS=8192; SFT_STEPS=2; SFT_PROBLEMS=20; RL_STEPS=2; RL_PROMPTS=2; G=2
-           EVAL_PROBLEMS=3; EVAL_K=2; PARTIAL_STEPS=1 ;;
+           EVAL_PROBLEMS=2; EVAL_K=2; PARTIAL_STEPS=1 ;;
   *) echo "posttrain_demo.sh: scale must be full, reduced or tiny, got '$SCALE'" >&2; exit 2 ;;
 esac
 if [ "$SCALE" = tiny ]; then BUDGETS='{"low": 6, "high": 12, "max": 16}'; SEQ=128; BATCH=1024
-else BUDGETS='{"low": 24, "high": 96, "max": 256}'; SEQ=256; BATCH=4096; fi
+else BUDGETS='{"low": 48, "high": 128, "max": 320}'; SEQ=256; BATCH=4096; fi
 
 t() { date +%s.%N; }
 elapsed() { python3 -c "print(round($2 - $1, 1))"; }
@@ -69,12 +69,15 @@ cat > "$1" <<JSON
           "problems": $EVAL_PROBLEMS, "seed": 977},
  "eval_every": $5, "eval_samples": $EVAL_K,
  "steps": $2, "prompts_per_step": $RL_PROMPTS, "group_size": $G, "budgets": $BUDGETS, "lambda": $3,
- "loss": "$4", "lr": 2e-4, "optimizer": "adamw", "threads": $THREADS, "checkpoint_every": 10, "seed": 5}
+ "loss": "$4", "lr": 3e-4, "optimizer": "adamw", "threads": $THREADS, "checkpoint_every": 10, "seed": 5}
 JSON
 }
 rl_config "$OUT/rl.json" $RL_STEPS 1.0 dapo 0
 "$K3CPP" rl --config "$OUT/rl.json" --out "$OUT/rl" --quiet
 T4=$(t)
+# The same first steps three ways, back to back: lambda 1 (DAPO), mirror descent, lambda 0.75.
+rl_config "$OUT/rl-lambda1.json" $PARTIAL_STEPS 1.0 dapo 0
+"$K3CPP" rl --config "$OUT/rl-lambda1.json" --out "$OUT/rl-lambda1" --quiet
 rl_config "$OUT/rl-mirror.json" $PARTIAL_STEPS 1.0 mirror 0
 "$K3CPP" rl --config "$OUT/rl-mirror.json" --out "$OUT/rl-mirror" --quiet
 rl_config "$OUT/rl-partial.json" $PARTIAL_STEPS 0.75 dapo 0
@@ -90,7 +93,8 @@ for m in sft rl; do
 done
 T6=$(t)
 python3 "$HERE/tools/plot_posttrain.py" "$OUT/curves.svg" "$OUT/sft/metrics.jsonl" "$OUT/rl/metrics.jsonl" \
-  "$OUT/rl-mirror/metrics.jsonl" "$OUT/rl-partial/metrics.jsonl"
+  "$OUT/rl-lambda1/metrics.jsonl" "$OUT/rl-mirror/metrics.jsonl" "$OUT/rl-partial/metrics.jsonl"
 python3 "$HERE/tools/plot_posttrain.py" --report "$OUT/report.json" "$OUT" \
   "$(elapsed $T1 $T2)" "$(elapsed $T2 $T3)" "$(elapsed $T3 $T4)" "$(elapsed $T4 $T5)" "$(elapsed $T5 $T6)"
+python3 -c "import json,sys; r=json.load(open(sys.argv[1])); [r[k]['overall']['pass@1'] for k in ('sft_tool0','sft_tool1','rl_tool0','rl_tool1')]" "$OUT/report.json"
 echo "posttrain_demo ($SCALE): $(elapsed $T0 $(t)) s; report $OUT/report.json, curves $OUT/curves.svg"

@@ -125,7 +125,7 @@ def report(path, demo, times):
         return [r for r in load(p) if r.get("type") == "step"] if os.path.exists(p) else []
     rl = steps("rl")
     rep["rl_reward_curve"] = [[r["step"], r["reward"], r["correct"]] for r in rl]
-    for name in ("rl", "rl-mirror", "rl-partial"):
+    for name in ("rl", "rl-lambda1", "rl-mirror", "rl-partial"):
         s = steps(name)
         n = len(steps("rl-partial")) or len(s)
         s = s[:n]
@@ -159,7 +159,7 @@ def report(path, demo, times):
         if r:
             print(f"| {m} | {r['overall']['tool_calls_per_answer']:.3f} | {r['overall']['tool_success']:.3f} |")
     print("\n| run | steps | mean step s | max step s | mean reward | stale tokens |\n|---|---|---|---|---|---|")
-    for name in ("rl", "rl-mirror", "rl-partial"):
+    for name in ("rl", "rl-lambda1", "rl-mirror", "rl-partial"):
         v = rep.get(f"{name}_step_seconds")
         if v:
             print(f"| {name} | {v['steps']} | {v['mean']:.2f} | {v['max']:.2f} | {v['mean_reward']:.3f} | {v['stale_tokens']} |")

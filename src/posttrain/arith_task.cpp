@@ -159,6 +159,7 @@ namespace k3 {
 
 ArithItem arith_item(const ArithFamily& f, int64_t i) {
   ArithItem it;
+  i %= f.problems;  // a family of `problems` distinct items, cycled
   const int64_t nd = int64_t(f.digits.size()), no = int64_t(f.ops.size()), ne = int64_t(f.efforts.size());
   it.problem = make_problem(f.digits[size_t(i % nd)], f.ops[size_t((i / nd) % no)], mix64(f.seed) + uint64_t(i));
   it.effort = f.efforts[size_t((i / (nd * no) + i) % ne)];

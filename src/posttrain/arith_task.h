@@ -46,7 +46,8 @@ namespace k3 {
 // A family of problems ("arithmetic" in sft.json / rl.json): problem i of the family is
 // make_problem(digits[i % |digits|], ops[(i / |digits|) % |ops|], seed + i), at effort
 // efforts[i % |efforts|] (offset so effort and digits vary independently), with the tool on a
-// tool_share of problems (seeded). Held-out problems come from another seed.
+// tool_share of problems (seeded); item indices cycle over the `problems` items. Held-out
+// problems come from another seed.
 struct ArithFamily {
   std::vector<int> digits = {1, 2, 3};
   std::string ops = "+*";

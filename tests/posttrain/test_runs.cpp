@@ -9,6 +9,7 @@
 #include "common/fixture.h"
 #include "core/error.h"
 #include "model/checkpoint.h"
+#include "posttrain/distill.h"
 #include "posttrain/rl.h"
 #include "posttrain/sft.h"
 
@@ -132,5 +133,41 @@ TEST(PosttrainRuns, BadConfigsAreOneClearError) {
   EXPECT_NE(err(R"({"model": "x", "arithmetic": {"efforts": ["medium"]}})", true).find("medium"), std::string::npos);
   EXPECT_NE(err(R"({"model": "x", "arithmetic": {}, "budgets": {"low": 0}})", true).find("budgets"), std::string::npos);
   EXPECT_NE(err("{not json", true).find("c.json"), std::string::npos);
+  fs::remove_all(d);
+}
+
+TEST(PosttrainRuns, DistillationMovesTheStudentTowardsItsTeachers) {
+  const std::string d = tmp_dir("distill");
+  // Teacher "low": the tiny model with every weight moved; teacher "high": the tiny model.
+  LoadOptions lo;
+  lo.dequantize_experts = true;
+  lo.log = [](const std::string&) {};
+  const std::string tiny = test::data_path("k3-release-tiny");
+  K3Model t = load_model(tiny, lo);
+  float* w = t.weights().data();
+  for (int64_t i = 0; i < t.weights().size(); ++i) w[i] *= 1.0f + 0.3f * float((i * 7919) % 13 - 6) / 6.0f;
+  SaveOptions so;
+  so.before_commit = [&](const std::string& tmp) { Vocabulary::load_dir(tiny).save(tmp); };
+  save_checkpoint(d + "/teacher", t.weights(), so);
+  const std::string cfg = R"({"model": ")" + tiny + R"(", "by": "effort",
+    "teachers": {"low": ")" + d + R"(/teacher", "high": ")" + tiny + R"("},
+    "arithmetic": {"digits": [1], "ops": "+", "problems": 1, "efforts": ["low"]},
+    "steps": 5, "prompts_per_step": 1, "samples": 2, "budgets": {"low": 6, "high": 6, "max": 6},
+    "lr": 3e-3, "threads": 2})";
+  const DistillConfig c = load_distill_config(write(d, "distill.json", cfg));
+  run_distill(c, d + "/out", false, -1, true);
+  std::ifstream m(d + "/out/metrics.jsonl");
+  std::vector<double> kl;
+  for (std::string line; std::getline(m, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j["type"] == "step") kl.push_back(j["kl"].get<double>());
+  }
+  ASSERT_EQ(kl.size(), 5u);
+  EXPECT_GT(kl[0], 0.0);
+  EXPECT_LT(kl[4], 0.8 * kl[0]) << kl[0] << " -> " << kl[4];
+  // A teacher key that does not fit `by` is refused.
+  std::string bad = cfg;
+  bad.replace(bad.find("\"high\""), 6, "\"medium\"");
+  EXPECT_THROW(load_distill_config(write(d, "bad.json", bad)), Error);
   fs::remove_all(d);
 }
