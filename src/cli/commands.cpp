@@ -21,6 +21,10 @@ int cmd_eval(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_detokenize(const std::vector<std::string>& args);
 int cmd_tokenizer(const std::vector<std::string>& args);
+int cmd_sft(const std::vector<std::string>& args);
+int cmd_rl(const std::vector<std::string>& args);
+int cmd_arith_corpus(const std::vector<std::string>& args);
+int cmd_distill(const std::vector<std::string>& args);
 
 static const Command kCommands[] = {
     {"plan", "parameter counts, memory, FLOPs and placement for a config", cmd_plan},
@@ -31,6 +35,10 @@ static const Command kCommands[] = {
     {"chat", "chat in K3's XTML format (reasoning, tools), the session kept between turns", cmd_chat},
     {"serve", "OpenAI-compatible HTTP server (continuous batching, streaming, tools, a chat page)", cmd_serve},
     {"train", "train a model from a run file (stages, checkpoints, resume)", cmd_train},
+    {"sft", "supervised fine-tuning on XTML conversations (loss on assistant tokens only)", cmd_sft},
+    {"rl", "RL with verifiable rewards (group sampling, DAPO / mirror descent, effort budgets)", cmd_rl},
+    {"distill", "on-policy distillation of specialised policies into one student (reverse KL)", cmd_distill},
+    {"arith-corpus", "write the arithmetic pretraining corpus (worked traces) of the post-training demo", cmd_arith_corpus},
     {"eval", "held-out loss, bits/byte and MoE routing balance of a model", cmd_eval},
     {"tokenize", "encode text with a tiktoken vocabulary (K3's tokenizer), print the ids", cmd_tokenize},
     {"detokenize", "decode token ids with a tiktoken vocabulary", cmd_detokenize},

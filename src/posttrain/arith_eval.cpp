@@ -1,0 +1,85 @@
+// Arithmetic evaluation (see arith_eval.h).
+#include "posttrain/arith_eval.h"
+
+#include <map>
+#include <tuple>
+
+namespace k3 {
+
+namespace {
+struct Acc {
+  int64_t problems = 0, samples = 0, correct = 0, any = 0, tokens = 0, over = 0, answers = 0, calls = 0, ok = 0;
+  nlohmann::json json(int64_t k) const {
+    auto div = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+    return {{"problems", problems}, {"k", k}, {"pass@1", div(correct, samples)}, {"pass@k", div(any, problems)},
+            {"mean_tokens", div(tokens, samples)}, {"over_budget", div(over, samples)},
+            {"tool_calls_per_answer", div(calls, answers)}, {"tool_success", div(ok, calls)}};
+  }
+};
+}  // namespace
+
+nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, const ArithFamily& f,
+                              const ArithEvalOptions& o) {
+  using Key = std::tuple<int, char, int, bool>;
+  std::map<Key, Acc> buckets;
+  Acc all;
+  std::vector<Trajectory> ts;
+  std::vector<ArithItem> items;
+  auto flush = [&]() {
+    if (ts.empty()) return;
+    std::vector<Trajectory*> ptr;
+    for (auto& t : ts) ptr.push_back(&t);
+    RolloutOptions ro;
+    ro.seed = o.seed;
+    ro.max_tool_rounds = o.max_tool_rounds;
+    advance(model, vocab, ptr, int64_t(ptr.size()), 0, ro);
+    for (size_t p = 0; p < items.size(); ++p) {
+      const ArithItem& it = items[p];
+      Acc& b = buckets[Key{it.problem.digits, it.problem.op, int(it.effort), it.tool}];
+      bool any = false;
+      for (int64_t s = 0; s < o.samples; ++s) {
+        const Trajectory& t = ts[p * size_t(o.samples) + size_t(s)];
+        const bool over = t.finish == "budget";
+        const Verdict v = t.responses.empty() ? Verdict::malformed : verify_answer(t.responses.back(), t.answer);
+        const bool ok = !over && v == Verdict::correct;
+        any |= ok;
+        for (Acc* a : {&b, &all}) {
+          a->samples++, a->correct += ok, a->tokens += t.generated, a->over += over;
+          a->answers++, a->calls += t.tool_calls, a->ok += t.tool_ok;
+        }
+      }
+      for (Acc* a : {&b, &all}) a->problems++, a->any += any;
+    }
+    ts.clear();
+    items.clear();
+  };
+  for (int64_t i = 0; i < f.problems; ++i) {
+    const ArithItem it = arith_item(f, i);
+    items.push_back(it);
+    for (int64_t s = 0; s < o.samples; ++s) {
+      Trajectory t = make_trajectory(prompt_conversation(it.problem, it.effort, it.tool), vocab,
+                                     uint64_t(i) * 1000003ull + uint64_t(s));
+      t.answer = it.problem.answer();
+      t.effort = it.effort;
+      t.tool = it.tool;
+      t.budget = o.budget(it.effort);
+      ts.push_back(std::move(t));
+    }
+    if (int64_t(ts.size()) >= o.batch) flush();
+  }
+  flush();
+  nlohmann::json out;
+  out["overall"] = all.json(o.samples);
+  out["buckets"] = nlohmann::json::array();
+  for (const auto& [k, a] : buckets) {
+    nlohmann::json j = a.json(o.samples);
+    j["digits"] = std::get<0>(k);
+    j["op"] = std::string(1, std::get<1>(k));
+    j["effort"] = chat::effort_name(chat::Effort(std::get<2>(k)));
+    j["tool"] = std::get<3>(k);
+    out["buckets"].push_back(j);
+  }
+  return out;
+}
+
+}  // namespace k3

@@ -1,0 +1,52 @@
+// A JSON config object read field by field: each get() takes a field if present (checking its
+// type), finish() refuses any field no get() asked for, so a typo is an error rather than a
+// silent default. Errors are "<file>: <field>: <problem>" (k3::Error).
+#pragma once
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace k3 {
+
+class ConfigReader {
+ public:
+  ConfigReader(const nlohmann::json& j, std::string file, std::string prefix = "")
+      : j_(j), file_(std::move(file)), prefix_(std::move(prefix)) {
+    if (!j_.is_object()) fail_input(file_, prefix_.empty() ? "" : prefix_, "must be a JSON object");
+  }
+  template <typename V>
+  bool get(const char* key, V& out) {
+    seen_.insert(key);
+    if (!j_.contains(key)) return false;
+    try {
+      out = j_.at(key).get<V>();
+    } catch (const std::exception&) {
+      fail_input(file_, field(key), "has the wrong type (" + std::string(j_.at(key).type_name()) + ")");
+    }
+    return true;
+  }
+  const nlohmann::json* sub(const char* key) {
+    seen_.insert(key);
+    return j_.contains(key) ? &j_.at(key) : nullptr;
+  }
+  std::string field(const char* key) const { return prefix_.empty() ? key : prefix_ + "." + key; }
+  [[noreturn]] void bad(const char* key, const std::string& what) const { fail_input(file_, field(key), what); }
+  void finish() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (!seen_.count(it.key())) fail_input(file_, field(it.key().c_str()), "unknown field");
+  }
+  const std::string& file() const { return file_; }
+
+ private:
+  const nlohmann::json& j_;
+  std::string file_, prefix_;
+  std::set<std::string> seen_;
+};
+
+// Parses the JSON file at `path` (k3::Error naming it when missing or invalid).
+nlohmann::json read_json_file(const std::string& path);
+
+}  // namespace k3

@@ -1,0 +1,74 @@
+// RL with verifiable rewards (`k3cpp rl --config rl.json --out DIR`), from an SFT model:
+//  1. Rollout: prompts_per_step new arithmetic prompts (posttrain/arith_task.h), each at its
+//     effort (announced in the prompt by the thinking-effort system message) with the effort's
+//     token budget, G completions each, decoded together (posttrain/rollout.h) with the current
+//     policy; with partial rollouts (lambda < 1) the step proceeds once a fraction lambda of the
+//     buffer's trajectories has finished, the rest stay in the buffer and continue next step.
+//  2. Rewards (posttrain/verifier.h): the last assistant turn's response checked exactly;
+//     correct 1, wrong 0, malformed -format_penalty, over budget -1.
+//  3. Groups whose trajectories have all finished are trained: group-relative advantages,
+//     zero-variance groups dropped, the DAPO clipped token-level loss (default) or k1.5's
+//     mirror-descent squared loss (posttrain/policy_loss.h), optional KL to the reference
+//     (the starting model), the ratio against each token's recorded behaviour logprob
+//     (truncated IS for tokens of older policies); one optimiser step per RL step.
+// Tool-result tokens are never loss tokens (Trajectory::gen = 0).
+//
+// Why DAPO is the default: its loss is per token with a per-token clip, so a token drawn by an
+// older policy (partial rollouts) moves the policy by a bounded amount, and long and short
+// replies weigh by their tokens; the mirror-descent loss regularises the sequence log-ratio
+// sum_t log(pi/pi_old), which grows with length and has no per-token bound.
+// Checkpoint (policy_update.h) every checkpoint_every steps and at the end; --resume continues
+// exactly when the buffer is empty at the checkpoint (lambda = 1); with partial rollouts the
+// unfinished trajectories are not saved (they are dropped, and the metrics say how many).
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "posttrain/arith_task.h"
+#include "posttrain/policy_loss.h"
+#include "posttrain/policy_update.h"
+#include "posttrain/verifier.h"
+
+namespace k3 {
+
+struct RLConfig {
+  std::string path, model;
+  ArithFamily train;                  // the prompts (problem i at step s: i = s * prompts_per_step + j)
+  std::optional<ArithFamily> eval;    // held-out problems evaluated every eval_every steps
+  int64_t eval_every = 0, eval_samples = 4;
+  int64_t steps = 20, prompts_per_step = 4, group_size = 8;
+  int64_t budget_low = 24, budget_high = 96, budget_max = 192;
+  double lambda = 1.0;                // partial rollouts: fraction finished before a step proceeds
+  PolicyLossOptions loss;
+  RewardOptions reward;
+  double lr = 1e-4, lr_end = 1e-4;
+  int64_t warmup_steps = 0;
+  UpdateOptions update;
+  int max_tool_rounds = 2;
+  int64_t checkpoint_every = 10, log_every = 1;
+  uint64_t seed = 1;
+  int64_t budget(chat::Effort e) const {
+    return e == chat::Effort::low ? budget_low : e == chat::Effort::high ? budget_high : budget_max;
+  }
+};
+RLConfig load_rl_config(const std::string& path);
+
+struct RLOptions {
+  std::string out_dir;
+  bool resume = false;
+  int64_t stop_at_step = -1;
+  bool quiet = false;
+  std::FILE* log = stderr;
+};
+
+struct RLResult {
+  int64_t steps = 0;
+  double last_reward = 0;
+  std::string checkpoint_dir;
+};
+
+RLResult run_rl(const RLConfig& c, const RLOptions& o);
+
+}  // namespace k3
