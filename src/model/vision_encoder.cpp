@@ -230,6 +230,19 @@ void load_vision_params(float* params, const VisionLayout& layout, const Checkpo
   }
 }
 
+VisionModel load_vision_model(const std::string& dir, const K3Config& cfg, const std::string& config_path) {
+  if (!cfg.vision.present) fail_input(config_path, "vision_config", "missing: this model has no vision encoder");
+  if (cfg.media_placeholder_token_id < 0)
+    fail_input(config_path, "media_placeholder_token_id", "missing: images need the <|media_pad|> id");
+  VisionModel vm;
+  vm.dims = resolve_vision_dims(cfg, config_path);
+  vm.layout = VisionLayout(vm.dims);
+  vm.params.resize(size_t(vm.layout.total));
+  vm.media_id = int32_t(cfg.media_placeholder_token_id);
+  load_vision_params(vm.params.data(), vm.layout, CheckpointReader::open(dir));
+  return vm;
+}
+
 void init_vision_params(float* params, const VisionLayout& layout, uint64_t seed) {
   std::mt19937_64 rng(seed);
   for (size_t i = 0; i < layout.specs.size(); ++i) {

@@ -63,6 +63,18 @@ void vision_backward(T* dparams, const T* dout, const VisionActs<T>& acts, const
 // shape: k3::Error naming the file, the tensor, the expected and the actual shape otherwise.
 void load_vision_params(float* params, const VisionLayout& layout, const CheckpointReader& ck);
 
+// A model directory's encoder for inference: its dims (config.json's vision_config), the
+// parameters (every vision_tower.* / mm_projector.* tensor, shapes checked) and the media
+// placeholder id. k3::Error naming config.json when it has no vision_config or no
+// media_placeholder_token_id, or naming the tensor when one is missing or mis-shaped.
+struct VisionModel {
+  VisionDims dims;
+  VisionLayout layout;
+  std::vector<float> params;
+  int32_t media_id = -1;
+};
+VisionModel load_vision_model(const std::string& dir, const K3Config& cfg, const std::string& config_path);
+
 // Random initialisation (normal, std 0.02 for matrices; std 1 for the position table as the
 // reference's nn.init.normal_; norm gains 1), deterministic in `seed`.
 void init_vision_params(float* params, const VisionLayout& layout, uint64_t seed);

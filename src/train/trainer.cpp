@@ -466,6 +466,9 @@ StepStats Trainer::Impl::train_step() {
       j["vision_targets"] = vtargets;
       j["vision_grad_norm"] = vgnorm;  // the encoder and projector, before clipping
       j["seconds_vision"] = t_vis;     // forward + backward of the image-text sequences
+      const auto [enc_s, enc_n] = vision->take_encoder_time();
+      j["encoder_thread_seconds"] = enc_s;  // the encoder's forward + backward, summed over threads
+      j["encoder_images"] = enc_n;
     }
     if (balancer && (stage_end || eval_step || st.step == 1)) j["loads"] = balancer->last_loads();
     metrics.write(j);
@@ -599,7 +602,14 @@ void Trainer::Impl::save() {
   so.before_commit = [&](const std::string& tmp) {
     vocab.save(tmp);  // the checkpoint is a model directory: tokenizer beside config and weights
     save_train_state((fs::path(tmp) / "train_state.safetensors").string(), st, opt_state);
-    if (vision) vision->save(tmp);
+    if (vision) {
+      // The directory holds the encoder too, so its config.json states the vision_config
+      // (save_checkpoint writes the text model's alone).
+      vision->save(tmp);
+      K3Config full = model->weights().config();
+      full.quantization = {};
+      write_text_file_atomic((fs::path(tmp) / "config.json").string(), config_to_hf_json(full));
+    }
     write_text_file_atomic((fs::path(tmp) / "run.json").string(), run_config_to_json(run));
   };
   save_checkpoint(ckpt_dir, model->weights(), so);

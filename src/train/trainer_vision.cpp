@@ -59,6 +59,12 @@ std::vector<ParamRef> VisionTrainPart::optimizer_params(bool muon) {
   return refs;
 }
 
+std::pair<double, int64_t> VisionTrainPart::take_encoder_time() {
+  std::pair<double, int64_t> r{0.0, 0};
+  for (auto& s : scratch_) r.first += s->seconds_encoder, r.second += s->images, s->seconds_encoder = 0, s->images = 0;
+  return r;
+}
+
 void VisionTrainPart::zero_grads() {
   for (auto& g : grads_) std::fill(g.begin(), g.end(), 0.0f);
 }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/vocabulary.h"
@@ -41,7 +42,8 @@ class VisionTrainPart {
   // zeros (pixels 0.5: all-zero patches after normalisation) and with the next example's
   // image; scenes per question type; fashion's confusion matrix. Also written to `path`.
   nlohmann::json evaluate(const K3Model& model, const std::string& path);
-  double seconds_encoder = 0;       // encoder forward+backward time in the last prepare..run cycle
+  // Encoder forward + backward seconds summed over threads, and images, since the last call.
+  std::pair<double, int64_t> take_encoder_time();
   void save(const std::string& dir) const;  // vision.safetensors (released names, f32)
   int64_t parameter_count() const;
 

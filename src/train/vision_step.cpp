@@ -1,6 +1,8 @@
 // Joint image-text step (see vision_step.h).
 #include "train/vision_step.h"
 
+#include <chrono>
+
 #include "core/error.h"
 
 namespace k3 {
@@ -49,11 +51,18 @@ SequenceResult vision_forward_backward_t(const K3ModelT<R>& model, const R* vpar
                                          KDAPath kda_path) {
   K3_ASSERT(vm.dims->text_width == model.dims().d);
   if (images.grids.empty()) return forward_backward_t<R>(model, tokens, T, grad_scale, grads, s, opt, routing_out, kda_path);
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
   EmbedSpliceT<R> sp = encode_images(vparams, vm, images, vs, vgrads != nullptr);
+  double enc = std::chrono::duration<double>(Clock::now() - t0).count();
   vs.drows.assign(vs.rows.size(), R(0));
   sp.drows = vs.drows.data();
   const SequenceResult res = forward_backward_t<R>(model, tokens, T, grad_scale, grads, s, opt, routing_out, kda_path, &sp);
+  const auto t1 = Clock::now();
   if (vgrads) vision_backward<R>(vgrads, vs.drows.data(), vs.acts, vparams, *vm.layout, *vm.dims, images);
+  enc += std::chrono::duration<double>(Clock::now() - t1).count();
+  vs.seconds_encoder += enc;
+  vs.images += int64_t(images.grids.size());
   return res;
 }
 

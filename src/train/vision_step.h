@@ -21,6 +21,8 @@ template <typename R>
 struct VisionScratchT {
   VisionActs<R> acts;
   std::vector<R> rows, drows;  // [N, d] image tokens and their gradient
+  double seconds_encoder = 0;  // accumulated wall time of the encoder's forward and backward
+  int64_t images = 0;          // images encoded (training steps)
 };
 
 struct VisionModelRef {
