@@ -198,8 +198,12 @@ json VisionTrainPart::evaluate(const K3Model& model, const std::string& path) {
     if (task == VisionTask::Fashion) tj["confusion_predicted_by_true"] = confusion;  // row 10: not a class name
     res[vision_task_name(task)] = tj;
   }
-  write_text_file_atomic(path, res.dump(2) + "\n");
+  if (!path.empty()) write_text_file_atomic(path, res.dump(2) + "\n");
   return res;
+}
+
+void VisionTrainPart::load(const std::string& dir) {
+  load_vision_params(params_.data(), layout_, CheckpointReader::open(dir));
 }
 
 void VisionTrainPart::save(const std::string& dir) const {

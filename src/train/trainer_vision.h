@@ -45,6 +45,8 @@ class VisionTrainPart {
   // Encoder forward + backward seconds summed over threads, and images, since the last call.
   std::pair<double, int64_t> take_encoder_time();
   void save(const std::string& dir) const;  // vision.safetensors (released names, f32)
+  void load(const std::string& dir);        // a checkpoint's encoder (shapes checked)
+  void set_eval_examples(int64_t n) { run_.vision.eval_examples = n; }
   int64_t parameter_count() const;
 
  private:

@@ -3,7 +3,7 @@
 // few steps on text plus all three image-text tasks; the metrics carry the encoder's gradient
 // norm and losses per step, the checkpoint holds vision.safetensors and a config.json with
 // vision_config, the end-of-run evaluation writes vision_eval.json with the blind baselines,
-// and generate --image runs the encoder on a PGM and a PNG; a model without vision, a missing
+// `k3cpp eval --task vision` repeats it on the saved directory, and generate --image runs the encoder on a PGM and a PNG; a model without vision, a missing
 // image and a bad vision block in the run file are refused with the culprit named.
 #include <gtest/gtest.h>
 
@@ -64,6 +64,14 @@ TEST(CliVision, TrainWithImagesThenGenerateWithAnImage) {
     for (const char* mode : {"image", "zeros", "other_image"}) EXPECT_EQ(ev[task][mode]["examples"], 6) << task << mode;
   EXPECT_EQ(ev["fashion"]["confusion_predicted_by_true"].size(), 11u);
   EXPECT_TRUE(ev["scenes"]["image"].contains("by_question"));
+
+  // The same evaluation on the saved model directory (k3cpp eval --task vision).
+  const RunResult e = k3::test::run_k3cpp("eval " + q(ck) + " --task vision --run " + q(tmp.sub("run.json")) +
+                                          " --examples 2 --json " + q(tmp.sub("ev.json")));
+  ASSERT_EQ(e.rc, 0) << e.err;
+  const json ev2 = json::parse(k3::test::slurp(tmp.sub("ev.json")));
+  EXPECT_EQ(ev2["scenes"]["zeros"]["examples"], 2);
+  EXPECT_EQ(ev2["fashion"]["image"]["accuracy"], json::parse(e.out)["fashion"]["image"]["accuracy"]);
 
   // generate --image: a 28 x 28 PGM (8 x 8 patches, 16 image tokens) and the same as PNG.
   {
