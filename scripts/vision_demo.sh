@@ -3,7 +3,8 @@
 # model and a MoonViT-V2 encoder, jointly from step 0, on the King James Bible plus Fashion-MNIST,
 # rendered scenes and rendered arithmetic), evaluates each task with its blind baselines, trains
 # the text-only control (configs/train-vision-demo-text-only.json: same text tokens and seeds),
-# and prints the report (tools/vision_report.py). About 20-25 minutes on 2 idle cores.
+# and prints the report (tools/vision_report.py). From the step times in docs/vision.md about
+# 20-25 minutes on 2 idle cores (estimated: the measured run shared a loaded machine and took 45).
 #   bash scripts/vision_demo.sh [OUT]     (default OUT: /tmp/k3-vision-demo; replaced)
 set -euo pipefail
 cd "$(dirname "$0")/.."
