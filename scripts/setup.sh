@@ -17,6 +17,9 @@ PKGS=(
   libcpp-httplib-dev          # HTTP server of `k3cpp serve` (src/serve)
   chromium                    # the serve chat page checked in a real (headless) browser (tools/serve_check)
   libopenmpi-dev openmpi-bin  # MPI: data / expert parallelism (src/dist), its tests run under mpirun
+  libpng-dev                  # PNG images for the vision encoder (src/io/image.*, --image)
+  dataset-fashion-mnist       # vision training data: Fashion-MNIST idx files (docs/vision.md)
+  unifont                     # unifont.hex bitmap glyphs: rendered digits, letters and arithmetic
 )
 missing=()
 for p in "${PKGS[@]}"; do

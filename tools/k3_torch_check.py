@@ -13,6 +13,11 @@ Run with Debian's /usr/bin/python3 (python3-torch, scripts/setup.sh). See tools/
       writes every parameter's gradient (F32, released names; MXFP4 experts under their logical
       `.weight` name; no entry for e_score_correction_bias) with __metadata__ {"loss": "%.17g",
       "batch", "seq", "dtype", "torch"}.
+  k3_torch_check.py vision <model dir> --inputs in.safetensors --out out.safetensors [--dtype float64]
+      the vision encoder (k3_torch/vision.py) on the model directory's vision_tower.* /
+      mm_projector.* tensors; in.safetensors holds "patches" [L, 3 p p], "grids" I32 [n, 2]
+      and "dout" [N, text]; writes "out" [N, text] and d(sum(dout * out))/d(param) for every
+      vision parameter (F64).
 Exit status 0 on success, 1 on failure (one line on stderr), 2 on bad usage.
 """
 import argparse
@@ -92,6 +97,27 @@ def cmd_grads(a):
     return 0
 
 
+def cmd_vision(a):
+    from k3_torch import vision
+    from k3_torch.safetensors_io import read_model_tensors, read_safetensors
+    dt = DTYPES[a.dtype]
+    cfg = vision.VisionCfg(os.path.join(a.model_dir, "config.json"))
+    tensors = read_model_tensors(a.model_dir)
+    P = {n: t.to(dt).clone().requires_grad_(True) for n, t in tensors.items()
+         if n.startswith("vision_tower.") or n.startswith("mm_projector.")}
+    inp, _ = read_safetensors(a.inputs)
+    grids = [tuple(int(v) for v in g) for g in inp["grids"].tolist()]
+    out = vision.encode(cfg, P, inp["patches"].to(dt), grids)
+    loss = (out * inp["dout"].to(dt)).sum()
+    names = sorted(P)
+    grads = torch.autograd.grad(loss, [P[n] for n in names])
+    res = {"out": out.detach().to(torch.float64)}
+    res.update({n: g.to(torch.float64) for n, g in zip(names, grads)})
+    write_safetensors(a.out, res, {"dtype": a.dtype, "torch": torch.__version__})
+    print(f"wrote {a.out}: out {list(out.shape)}, {len(names)} gradient tensors ({a.dtype})")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sp = ap.add_subparsers(dest="cmd", required=True)
@@ -111,11 +137,16 @@ def main():
             s.add_argument("--tokens", required=True)
             s.add_argument("--batch", type=int, required=True)
             s.add_argument("--seq", type=int, required=True)
+    s = sp.add_parser("vision")
+    s.add_argument("model_dir")
+    s.add_argument("--inputs", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
     a = ap.parse_args()
     if getattr(a, "threads", 0):
         torch.set_num_threads(a.threads)
     try:
-        return {"selftest": cmd_selftest, "forward": cmd_forward, "grads": cmd_grads}[a.cmd](a)
+        return {"selftest": cmd_selftest, "forward": cmd_forward, "grads": cmd_grads, "vision": cmd_vision}[a.cmd](a)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

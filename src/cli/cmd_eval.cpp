@@ -35,6 +35,8 @@ const char* kUsage =
     "usage: k3cpp eval <model dir> [--data SPEC] [--heldout-every N] [--seq-len N] [--max-tokens N]\n"
     "                  [--batch-tokens N] [--threads N] [--json out.json]\n"
     "                  [--moving-qb [--mqb-lambda L] [--mqb-chunk C]]\n"
+    "       k3cpp eval <model dir> --task vision --run RUN.json [--examples N] [--json out.json]  (images:\n"
+    "                  the run file's tasks with blind baselines, docs/vision.md)\n"
     "       k3cpp eval <model dir> --task passkey|mqar|vartrack|loss-by-position ...  (long context;\n"
     "                  `k3cpp eval DIR --task passkey --help` lists its options)\n"
     "  --data           corpus: 'bible' or a path (default: the checkpoint's run.json, else bible)\n"
@@ -109,12 +111,17 @@ json stats_json(const std::vector<LayerRoutingStats>& layers) {
 
 }  // namespace
 
-int cmd_eval_long(const std::vector<std::string>& args);  // cmd_eval_long.cpp
+int cmd_eval_long(const std::vector<std::string>& args);    // cmd_eval_long.cpp
+int cmd_eval_vision(const std::vector<std::string>& args);  // cmd_eval_vision.cpp
 
 int cmd_eval(const std::vector<std::string>& args) {
   // --task selects the long-context evaluation (cmd_eval_long.cpp).
-  for (const std::string& x : args)
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& x = args[i];
+    if (x == "--task=vision" || (x == "--task" && i + 1 < args.size() && args[i + 1] == "vision"))
+      return cmd_eval_vision(args);
     if (x == "--task" || x.rfind("--task=", 0) == 0) return cmd_eval_long(args);
+  }
   Args a(args, {"data", "heldout-every", "seq-len", "max-tokens", "batch-tokens", "threads", "json", "mqb-lambda", "mqb-chunk"},
          {"help", "moving-qb"}, "eval");
   if (a.flag("help")) {

@@ -24,6 +24,8 @@
 #include "infer/sampler.h"
 #include "infer/session.h"
 #include "infer/speculative.h"
+#include "io/image.h"
+#include "model/vision_encoder.h"
 #include "cli/ram_budget.h"
 #include "io/stream_decoder.h"
 #include "io/vocabulary.h"
@@ -48,6 +50,8 @@ const char* kUsage =
     "                      [--ep R]\n"
     "  --ids          prompt as comma-separated token ids\n"
     "  --prompt       prompt as text (the model dir's tiktoken.model, else its byte tokenizer.json)\n"
+    "  --image FILE   a PNG or PGM/PPM image, encoded by the model's vision encoder; its tokens replace the\n"
+    "                 prompt's <|media_pad|> id (with --ids), else they come before the prompt\n"
     "  --max-tokens   tokens to generate (default 64)\n"
     "  --temperature  0 (default) is greedy; > 0 samples\n"
     "  --top-k        keep the K most likely tokens (0: all)\n"
@@ -74,8 +78,8 @@ void print(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
 
 int cmd_generate(const std::vector<std::string>& args) {
   Args a(args,
-         with_ram_budget_options({"ids", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "stop", "threads",
-                                  "speculate", "ngram", "ep"}),
+         with_ram_budget_options({"ids", "prompt", "image", "max-tokens", "temperature", "top-k", "top-p", "seed", "stop",
+                                  "threads", "speculate", "ngram", "ep"}),
          {"ids-out", "help"}, "generate");
   if (a.flag("help")) {
     std::fputs(usage().c_str(), stdout);
@@ -138,8 +142,35 @@ int cmd_generate(const std::vector<std::string>& args) {
                      std::to_string(tok->vocab_size()) + " ids");
     std::fprintf(stderr, "generate: tokenizer: %s\n", tok->describe().c_str());
   }
-  const std::vector<int32_t> ids = ids_arg ? parse_ids(*ids_arg, "--ids") : tok->encode(*prompt);
+  std::vector<int32_t> ids = ids_arg ? parse_ids(*ids_arg, "--ids") : tok->encode(*prompt);
   if (ids.empty()) fail("--prompt: the prompt is empty");
+  // --image: the encoder runs before the text model is loaded, so a bad image or a model
+  // without vision fails early; its tokens take the placeholder's place (expanded).
+  std::optional<VisionModel> vis;
+  std::vector<float> image_rows;
+  int64_t image_tokens = 0;
+  if (auto img_path = a.get("image")) {
+    vis = load_vision_model(dir, md.config, md.config_path);
+    const Image img = load_image(*img_path);
+    VisionBatch<float> batch;
+    append_image(batch, vis->dims, img.rgb.data(), img.height, img.width);
+    image_tokens = batch.token_count(vis->dims);
+    image_rows.resize(size_t(image_tokens * vis->dims.text_width));
+    const auto tv = std::chrono::steady_clock::now();
+    vision_forward<float>(image_rows.data(), nullptr, vis->params.data(), vis->layout, vis->dims, batch);
+    std::fprintf(stderr, "generate: image %s: %lldx%lld pixels -> %lldx%lld patches -> %lld tokens (encoder %.3f s)\n",
+                 img_path->c_str(), (long long)img.height, (long long)img.width, (long long)batch.grids[0].h,
+                 (long long)batch.grids[0].w, (long long)image_tokens, seconds_since(tv));
+    std::vector<int32_t> expanded;
+    int placeholders = 0;
+    for (int32_t t : ids) placeholders += t == vis->media_id;
+    if (placeholders > 1) fail("--ids: " + std::to_string(placeholders) + " media placeholders for one --image");
+    if (placeholders == 0) expanded.assign(size_t(image_tokens), vis->media_id);
+    for (int32_t t : ids)
+      if (t == vis->media_id) expanded.insert(expanded.end(), size_t(image_tokens), t);
+      else expanded.push_back(t);
+    ids = std::move(expanded);
+  }
   check_ids_in_vocab(ids, md, ids_arg ? "--ids" : "--prompt");
   std::vector<int32_t> stop;
   if (auto s = a.get("stop")) {
@@ -168,7 +199,8 @@ int cmd_generate(const std::vector<std::string>& args) {
   const int64_t V = model.dims().V;
 
   auto t0 = std::chrono::steady_clock::now();
-  const float* logits = session.prefill(ids);
+  const EmbedSpliceT<float> splice{vis ? vis->media_id : -1, image_rows.data(), image_tokens, nullptr};
+  const float* logits = session.prefill(ids.data(), int64_t(ids.size()), vis ? &splice : nullptr);
   const double prefill_s = seconds_since(t0);
   report_phase(bm, "generate", "prefill", int64_t(ids.size()), prefill_s);
   t0 = std::chrono::steady_clock::now();

@@ -16,13 +16,15 @@ void Session::reset() {
   if (opt_.reserve_tokens > 0) state_.reserve(opt_.reserve_tokens, model_.dims());
 }
 
-const float* Session::prefill(const int32_t* ids, int64_t T) {
+const float* Session::prefill(const int32_t* ids, int64_t T) { return prefill(ids, T, nullptr); }
+
+const float* Session::prefill(const int32_t* ids, int64_t T, const EmbedSpliceT<float>* splice) {
   if (T <= 0) fail("prefill needs at least one token");
   ForwardOptions fo;
   fo.mode = MixerMode::Prefill;
   fo.kda_path = opt_.prefill_path;
   fo.last_only = true;
-  model_.forward(logits_.data(), ids, T, state_, scratch_, fo);
+  model_.forward(logits_.data(), ids, T, state_, scratch_, fo, nullptr, splice);
   return logits_.data();
 }
 

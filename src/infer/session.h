@@ -26,6 +26,8 @@ class Session {
   // Appends ids [T] (T >= 1); returns the logits [V] of the last one (valid until the next call).
   const float* prefill(const int32_t* ids, int64_t T);
   const float* prefill(const std::vector<int32_t>& ids) { return prefill(ids.data(), int64_t(ids.size())); }
+  // The same with image tokens in place of the media placeholders (model/k3_model.h EmbedSpliceT).
+  const float* prefill(const int32_t* ids, int64_t T, const EmbedSpliceT<float>* splice);
   // Appends one token; returns its logits [V].
   const float* step(int32_t id);
   // Appends ids [T] through the decode path (KDA token by token, MLA absorbed) and returns the

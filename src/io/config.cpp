@@ -299,6 +299,44 @@ void parse_vision(const json& v, const std::string& src, K3Config::Vision& out) 
   }
   if (v.contains("mm_projector_type") && !v.at("mm_projector_type").is_null())
     out.mm_projector_type = get_string(v, "mm_projector_type", "vision_config.mm_projector_type", src);
+  if (!out.mm_projector_type.empty() && out.mm_projector_type != "patchmergerv2")
+    fail_input(src, "vision_config.mm_projector_type",
+               "\"" + out.mm_projector_type + "\" is not supported (K3's projector is \"patchmergerv2\")");
+  integer("init_pos_emb_height", out.init_pos_emb_height, false);
+  integer("init_pos_emb_width", out.init_pos_emb_width, false);
+  integer("init_pos_emb_time", out.init_pos_emb_time, false);
+  if (v.contains("projector_ln_eps") && !v.at("projector_ln_eps").is_null()) {
+    const json& x = v.at("projector_ln_eps");
+    if (!x.is_number() || !(x.get<double>() > 0))
+      fail_input(src, "vision_config.projector_ln_eps", "expected a positive number, got " + shown(x));
+    out.projector_ln_eps = x.get<double>();
+  }
+  // The variants K3 releases; the encoder (model/vision_encoder.h) implements these only.
+  auto variant = [&](const char* key, std::string& dst, const char* why) {
+    if (!v.contains(key) || v.at(key).is_null()) return;
+    const std::string want = dst;
+    dst = get_string(v, key, std::string("vision_config.") + key, src);
+    if (dst != want)
+      fail_input(src, std::string("vision_config.") + key,
+                 "\"" + dst + "\" is not supported (k3cpp implements K3's \"" + want + "\": " + why + ")");
+  };
+  variant("norm_type", out.norm_type, "RMSNorm in every block");
+  variant("activation_func", out.activation_func, "the blocks' MLP GELU, tanh form");
+  variant("projector_hidden_act", out.projector_hidden_act, "the projector's exact GELU");
+  variant("pos_emb_interpolation_mode", out.pos_emb_interpolation_mode, "the position table resampled bilinearly");
+  variant("pos_emb_type", out.pos_emb_type, "a learned 2D table plus fixed sin/cos time");
+  variant("merge_type", out.merge_type, "kh x kw spatial groups, time pooled");
+  variant("mlp_type", out.mlp_type, "fc0, GELU, fc1");
+  auto no_bias = [&](const char* key, bool& dst) {
+    if (!v.contains(key) || v.at(key).is_null()) return;
+    if (!v.at(key).is_boolean())
+      fail_input(src, std::string("vision_config.") + key, "expected a boolean, got " + shown(v.at(key)));
+    dst = v.at(key).get<bool>();
+    if (dst) fail_input(src, std::string("vision_config.") + key, "true is not supported (K3's encoder has no biases)");
+  };
+  no_bias("attn_bias", out.attn_bias);
+  no_bias("linear_bias", out.linear_bias);
+  no_bias("patch_embed_proj_bias", out.patch_embed_proj_bias);
   out.present = true;
 }
 
@@ -551,8 +589,18 @@ std::string config_to_hf_json(const K3Config& c) {
                                    {"mm_hidden_size", v.mm_hidden_size},
                                    {"text_hidden_size", v.text_hidden_size}})
       if (val > 0) vj[key] = val;
+    for (const auto& [key, val] : {std::pair<const char*, int64_t>{"init_pos_emb_height", v.init_pos_emb_height},
+                                   {"init_pos_emb_width", v.init_pos_emb_width},
+                                   {"init_pos_emb_time", v.init_pos_emb_time}})
+      if (val > 0) vj[key] = val;
     if (!v.merge_kernel_size.empty()) vj["merge_kernel_size"] = v.merge_kernel_size;
     if (!v.mm_projector_type.empty()) vj["mm_projector_type"] = v.mm_projector_type;
+    vj["projector_ln_eps"] = v.projector_ln_eps;
+    vj["norm_type"] = v.norm_type, vj["activation_func"] = v.activation_func;
+    vj["projector_hidden_act"] = v.projector_hidden_act;
+    vj["pos_emb_interpolation_mode"] = v.pos_emb_interpolation_mode, vj["pos_emb_type"] = v.pos_emb_type;
+    vj["merge_type"] = v.merge_type, vj["mlp_type"] = v.mlp_type;
+    vj["attn_bias"] = false, vj["linear_bias"] = false, vj["patch_embed_proj_bias"] = false;
     root["vision_config"] = vj;
   }
   return root.dump(2) + "\n";

@@ -4,7 +4,7 @@
 // The released config.json also carries, and this parser checks: top-level `model_type`
 // "kimi_k3", `architectures`, the special token ids, `text_config.quantization_config`
 // (compressed-tensors mxfp4-pack-quantized, for the routed experts) and `vision_config`
-// (kept only to check and skip the vision tensors; k3cpp is text-only).
+// (the MoonViT encoder's fields, model/vision_config.h).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -62,8 +62,10 @@ struct K3Config {
     std::vector<std::string> ignore;        // module patterns kept unquantised ("re:.*self_attn.*")
   } quantization;
 
-  // `vision_config` (MoonViT, K3_REFERENCE section 11): what a text-only load needs to check
-  // the vision tensors it skips. 0 where the file does not give a value.
+  // `vision_config` (MoonViT-V2, K3_REFERENCE section 11). Integer sizes are 0 where the file
+  // does not give them (model/vision_config.h resolves them to the released defaults); the
+  // variant fields hold the released values unless the file says otherwise, and any other
+  // variant (layernorm, biases, bicubic, another merge or projector) is refused when parsed.
   struct Vision {
     bool present = false;
     int64_t num_hidden_layers = 0;   // vt_num_hidden_layers
@@ -76,6 +78,13 @@ struct K3Config {
     int64_t text_hidden_size = 0;    // must equal hidden_size
     std::vector<int64_t> merge_kernel_size;
     std::string mm_projector_type;
+    int64_t init_pos_emb_height = 0, init_pos_emb_width = 0;  // learned position table (64 x 64)
+    int64_t init_pos_emb_time = 0;                             // video frames (images use 1)
+    double projector_ln_eps = 1e-5;                            // mm_projector.post_norm
+    std::string norm_type = "rmsnorm", activation_func = "gelu_pytorch_tanh", projector_hidden_act = "gelu";
+    std::string pos_emb_interpolation_mode = "bilinear", pos_emb_type = "divided_fixed";
+    std::string merge_type = "sd2_tpool", mlp_type = "mlp2";
+    bool attn_bias = false, linear_bias = false, patch_embed_proj_bias = false;
   } vision;
 
   // Derived helpers (0-based layer index).

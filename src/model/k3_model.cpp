@@ -1,6 +1,7 @@
 // The K3 stack (see k3_model.h; K3_REFERENCE section 2).
 #include "model/k3_model.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -247,7 +248,7 @@ DecodeStateT<R> K3ModelT<R>::new_state() const {
 
 template <typename R>
 void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT<R>& st, ForwardScratchT<R>& s,
-                          const ForwardOptions& opt, ForwardRecordT<R>* rec) const {
+                          const ForwardOptions& opt, ForwardRecordT<R>* rec, const EmbedSpliceT<R>* splice) const {
   const int64_t d = dims_.d, V = dims_.V;
   K3_ASSERT(int64_t(st.layers.size()) == dims_.L, "K3Model::forward: DecodeState not reset for this model");
   if (T <= 0) return;
@@ -261,6 +262,17 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
   bs.begin(T, d, dims_.max_blocks());
   for (int64_t t = 0; t < T; ++t)
     mat_row(bs.partial.data() + t * d, embed_, int64_t(ids[t]), d);
+  if (splice) {
+    int64_t j = 0;
+    for (int64_t t = 0; t < T; ++t)
+      if (ids[t] == splice->media_id) {
+        if (j < splice->n) std::copy_n(splice->rows + j * d, d, bs.partial.data() + t * d);
+        ++j;
+      }
+    if (j != splice->n)
+      fail("the sequence holds " + std::to_string(j) + " media placeholder token(s) (id " +
+           std::to_string(splice->media_id) + ") but the images give " + std::to_string(splice->n) + " image token(s)");
+  }
 
   if (rec) {
     K3_ASSERT(opt.mode == MixerMode::Prefill && st.n_tokens == 0, "K3Model::forward: a record needs a fresh Prefill");

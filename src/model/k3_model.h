@@ -59,6 +59,19 @@ struct ForwardRecordT {
 };
 using ForwardRecord = ForwardRecordT<float>;
 
+// Rows that replace the token embeddings at the positions holding `media_id` (the expanded
+// <|media_pad|> placeholders, K3_REFERENCE section 11), in order: the vision encoder's image
+// tokens enter the text stream here. The backward writes their gradient to drows (assigned)
+// and gives the embedding row of media_id nothing for those positions. A count of media_id
+// positions different from n is a k3::Error.
+template <typename R>
+struct EmbedSpliceT {
+  int32_t media_id = -1;
+  const R* rows = nullptr;  // [n, d]
+  int64_t n = 0;
+  R* drows = nullptr;       // [n, d] (backward)
+};
+
 // Reusable buffers of a forward call (grow only).
 template <typename R>
 struct ForwardScratchT {
@@ -131,7 +144,8 @@ class K3ModelT {
   // (st.n_tokens += T). Token ids outside [0, V) are a k3::Error naming the position.
   // With rec (training): Prefill mode, a fresh state and every position's logits.
   void forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT<R>& st, ForwardScratchT<R>& s,
-               const ForwardOptions& opt = {}, ForwardRecordT<R>* rec = nullptr) const;
+               const ForwardOptions& opt = {}, ForwardRecordT<R>* rec = nullptr,
+               const EmbedSpliceT<R>* splice = nullptr) const;
 
   // Batched decode (float only): n_seg sequences in one call, sequence j appending ids rows
   // [seg[j], seg[j+1]) (seg[0] = 0, T = seg[n_seg]) to *states[j]. logits [T, V], every row.
@@ -147,7 +161,8 @@ class K3ModelT {
   // the MoE router's sigmoid scores (null entries for none). Thread-safe for distinct
   // scratch, record and grads on one const model.
   void backward(R* grads, const R* dlogits, const int32_t* ids, const ForwardRecordT<R>& rec,
-                BackwardScratchT<R>& s, LayerScratchT<R>& ls, const R* const* dscores_aux = nullptr) const;
+                BackwardScratchT<R>& s, LayerScratchT<R>& ls, const R* const* dscores_aux = nullptr,
+                const EmbedSpliceT<R>* splice = nullptr) const;
 
  private:
   WeightStore store_;

@@ -24,7 +24,8 @@ void grow(V& v, int64_t n) {
 
 template <typename R>
 void K3ModelT<R>::backward(R* grads, const R* dlogits, const int32_t* ids, const ForwardRecordT<R>& rec,
-                           BackwardScratchT<R>& s, LayerScratchT<R>& ls, const R* const* dscores_aux) const {
+                           BackwardScratchT<R>& s, LayerScratchT<R>& ls, const R* const* dscores_aux,
+                           const EmbedSpliceT<R>* splice) const {
   const int64_t T = rec.T, d = dims_.d, V = dims_.V, L = dims_.L;
   K3_ASSERT(!rec.last_only && int64_t(rec.layers.size()) == L, "K3Model::backward: record of a full training forward needed");
   K3_ASSERT(store_.expert_storage() == ExpertStorage::Plain, "K3Model::backward: MXFP4 experts cannot train");
@@ -67,16 +68,23 @@ void K3ModelT<R>::backward(R* grads, const R* dlogits, const int32_t* ids, const
   // partial before layer 0 = embedding rows: scatter-add (tokens in order: deterministic).
   R* gE = gv(embed_);
   const R* dp = bg.dpartial.data();
+  int64_t spliced = 0;
   for (int64_t t = 0; t < T; ++t) {
+    if (splice && ids[t] == splice->media_id) {  // an image token: its gradient goes to the encoder
+      K3_ASSERT(spliced < splice->n && splice->drows);
+      std::copy_n(dp + t * d, d, splice->drows + spliced * d);
+      ++spliced;
+      continue;
+    }
     R* row = gE + int64_t(ids[t]) * d;
     for (int64_t c = 0; c < d; ++c) row[c] += dp[t * d + c];
   }
 }
 
 template void K3ModelT<float>::backward(float*, const float*, const int32_t*, const ForwardRecordT<float>&,
-                                        BackwardScratchT<float>&, LayerScratchT<float>&, const float* const*) const;
+                                        BackwardScratchT<float>&, LayerScratchT<float>&, const float* const*, const EmbedSpliceT<float>*) const;
 template void K3ModelT<double>::backward(double*, const double*, const int32_t*, const ForwardRecordT<double>&,
                                          BackwardScratchT<double>&, LayerScratchT<double>&,
-                                         const double* const*) const;
+                                         const double* const*, const EmbedSpliceT<double>*) const;
 
 }  // namespace k3

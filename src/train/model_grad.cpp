@@ -30,7 +30,7 @@ void check_targets(const int32_t* tokens, int64_t T, int64_t V) {
 // when `record`.
 template <typename R>
 void run_forward(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, TrainScratchT<R>& s, bool record,
-                 KDAPath kda_path) {
+                 KDAPath kda_path, const EmbedSpliceT<R>* splice) {
   const ModelDims& dm = model.dims();
   K3_ASSERT(T >= 1, "forward_backward: a sequence needs at least one target");
   check_targets(tokens, T, dm.V);
@@ -39,7 +39,7 @@ void run_forward(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, Tra
   ForwardOptions fo;
   fo.mode = MixerMode::Prefill;
   fo.kda_path = kda_path;
-  model.forward(s.logits.data(), tokens, T, s.st, s.fwd, fo, record ? &s.rec : nullptr);
+  model.forward(s.logits.data(), tokens, T, s.st, s.fwd, fo, record ? &s.rec : nullptr, splice);
 }
 
 // Summed cross-entropy of logits [T, V] against targets [T]:
@@ -47,11 +47,16 @@ void run_forward(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, Tra
 // Rows are independent (parallel); their losses are summed in order (deterministic).
 template <typename R>
 double cross_entropy(R* logits, const int32_t* targets, int64_t T, int64_t V, double scale, bool dlogits,
-                     std::vector<double>& row_loss) {
+                     std::vector<double>& row_loss, const uint8_t* mask = nullptr) {
   grow(row_loss, T);
 #pragma omp parallel for schedule(static) if (T * V > 65536)
   for (int64_t t = 0; t < T; ++t) {
     R* l = logits + t * V;
+    if (mask && !mask[t]) {  // not scored: no loss, no gradient
+      row_loss[size_t(t)] = 0;
+      if (dlogits) std::fill(l, l + V, R(0));
+      continue;
+    }
     const R mx = *std::max_element(l, l + V);
     double z = 0;
     for (int64_t v = 0; v < V; ++v) z += double(std::exp(l[v] - mx));
@@ -119,21 +124,29 @@ void export_routing(SequenceRouting& out, const K3ModelT<R>& model, const TrainS
   }
 }
 
+int64_t scored_targets(const LossOptions& opt, int64_t T) {
+  if (!opt.target_mask) return T;
+  int64_t n = 0;
+  for (int64_t t = 0; t < T; ++t) n += opt.target_mask[t] ? 1 : 0;
+  return n;
+}
+
 }  // namespace
 
 template <typename R>
 SequenceResult forward_backward_t(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, double grad_scale,
                                   R* grads, TrainScratchT<R>& s, const LossOptions& opt,
-                                  SequenceRouting* routing_out, KDAPath kda_path) {
+                                  SequenceRouting* routing_out, KDAPath kda_path, const EmbedSpliceT<R>* splice) {
   const ModelDims& dm = model.dims();
   if (model.weights().expert_storage() != ExpertStorage::Plain)
     fail("training needs f32 routed experts, but the model holds them as MXFP4 (load the checkpoint with "
          "dequantize_experts)");
-  run_forward(model, tokens, T, s, /*record=*/true, kda_path);
+  run_forward(model, tokens, T, s, /*record=*/true, kda_path, splice);
   SequenceResult res;
-  res.n_targets = T;
+  res.n_targets = scored_targets(opt, T);
   // loss = sum_t CE_t (+ aux); the logits buffer becomes grad_scale * dloss/dlogits.
-  res.loss_sum = cross_entropy(s.logits.data(), tokens + 1, T, dm.V, grad_scale, /*dlogits=*/true, s.row_loss);
+  res.loss_sum = cross_entropy(s.logits.data(), tokens + 1, T, dm.V, grad_scale, /*dlogits=*/true, s.row_loss,
+                               opt.target_mask);
   const R* const* dscores = nullptr;
   if (opt.aux_alpha != 0.0) {
     // T * aux: the aux loss is a per-sequence mean, so it weighs like the mean CE (with the
@@ -142,18 +155,18 @@ SequenceResult forward_backward_t(const K3ModelT<R>& model, const int32_t* token
     dscores = s.dscores_ptr.data();
   }
   if (routing_out) export_routing(*routing_out, model, s, T);
-  model.backward(grads, s.logits.data(), tokens, s.rec, s.bwd, s.fwd.layer, dscores);
+  model.backward(grads, s.logits.data(), tokens, s.rec, s.bwd, s.fwd.layer, dscores, splice);
   return res;
 }
 
 template <typename R>
 SequenceResult forward_loss_t(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, TrainScratchT<R>& s,
-                              const LossOptions& opt, KDAPath kda_path) {
+                              const LossOptions& opt, KDAPath kda_path, const EmbedSpliceT<R>* splice) {
   const bool aux = opt.aux_alpha != 0.0;  // the aux loss reads the routing from the record
-  run_forward(model, tokens, T, s, aux, kda_path);
+  run_forward(model, tokens, T, s, aux, kda_path, splice);
   SequenceResult res;
-  res.n_targets = T;
-  res.loss_sum = cross_entropy(s.logits.data(), tokens + 1, T, model.dims().V, 1.0, false, s.row_loss);
+  res.n_targets = scored_targets(opt, T);
+  res.loss_sum = cross_entropy(s.logits.data(), tokens + 1, T, model.dims().V, 1.0, false, s.row_loss, opt.target_mask);
   if (aux) res.aux_loss = aux_losses(model, s, T, opt.aux_alpha, 1.0, false);
   return res;
 }
@@ -171,13 +184,14 @@ std::unique_ptr<TrainScratch> make_train_scratch() { return std::make_unique<Tra
 
 template SequenceResult forward_backward_t<float>(const K3ModelT<float>&, const int32_t*, int64_t, double, float*,
                                                   TrainScratchT<float>&, const LossOptions&, SequenceRouting*,
-                                                  KDAPath);
+                                                  KDAPath, const EmbedSpliceT<float>*);
 template SequenceResult forward_backward_t<double>(const K3ModelT<double>&, const int32_t*, int64_t, double,
                                                    double*, TrainScratchT<double>&, const LossOptions&,
-                                                   SequenceRouting*, KDAPath);
+                                                   SequenceRouting*, KDAPath, const EmbedSpliceT<double>*);
 template SequenceResult forward_loss_t<float>(const K3ModelT<float>&, const int32_t*, int64_t, TrainScratchT<float>&,
-                                              const LossOptions&, KDAPath);
+                                              const LossOptions&, KDAPath, const EmbedSpliceT<float>*);
 template SequenceResult forward_loss_t<double>(const K3ModelT<double>&, const int32_t*, int64_t,
-                                               TrainScratchT<double>&, const LossOptions&, KDAPath);
+                                               TrainScratchT<double>&, const LossOptions&, KDAPath,
+                                               const EmbedSpliceT<double>*);
 
 }  // namespace k3

@@ -21,6 +21,9 @@ namespace k3 {
 
 struct LossOptions {
   double aux_alpha = 0.0;  // Switch-style aux loss coefficient (0: off)
+  // [T] (optional): 0 = target t is not scored (no loss, no gradient): the positions that
+  // predict an image token or a prompt; n_targets then counts the scored ones.
+  const uint8_t* target_mask = nullptr;
 };
 
 struct SequenceResult {
@@ -69,17 +72,21 @@ SequenceResult forward_backward(const K3Model& model, const int32_t* tokens, int
 double eval_loss_sum(const K3Model& model, const int32_t* tokens, int64_t T, TrainScratch& s);
 std::unique_ptr<TrainScratch> make_train_scratch();
 
+// splice (optional): image tokens replacing the expanded media placeholders (k3_model.h); the
+// backward writes their gradient to splice->drows for the vision encoder's backward.
 // The same for any scalar type (forward_backward is forward_backward_t<float>). kda_path: the
 // KDA core of the forward (Fast: the fast chunked kernel in float, the chunked reference in
 // double).
 template <typename R>
 SequenceResult forward_backward_t(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, double grad_scale,
                                   R* grads, TrainScratchT<R>& s, const LossOptions& opt,
-                                  SequenceRouting* routing_out = nullptr, KDAPath kda_path = KDAPath::Fast);
+                                  SequenceRouting* routing_out = nullptr, KDAPath kda_path = KDAPath::Fast,
+                                  const EmbedSpliceT<R>* splice = nullptr);
 // loss_sum and (when opt.aux_alpha > 0) aux_loss of one sequence, no gradient: the function
 // forward_backward_t differentiates (finite-difference checks).
 template <typename R>
 SequenceResult forward_loss_t(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, TrainScratchT<R>& s,
-                              const LossOptions& opt, KDAPath kda_path = KDAPath::Fast);
+                              const LossOptions& opt, KDAPath kda_path = KDAPath::Fast,
+                              const EmbedSpliceT<R>* splice = nullptr);
 
 }  // namespace k3

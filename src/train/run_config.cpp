@@ -161,6 +161,32 @@ RunConfig parse_run_config(const std::string& text, const std::string& path) {
                  std::to_string(t.vocab_size) + " is out of range (at least 512: 256 byte tokens and K3's 256 special ids; 0: the model config's vocab_size)");
     if (t.min_frequency < 1) fail_input(path, "tokenizer.min_frequency", "must be at least 1");
   }
+  rd.known.insert("vision");
+  if (j.contains("vision")) {
+    const json& vj = j["vision"];
+    if (!vj.is_object()) fail_input(path, "vision", "expected an object {\"tasks\": [...], ...}");
+    VisionRunConfig& v = r.vision;
+    v.enabled = true;
+    Reader vr{vj, path, "vision.", {}};
+    vr.get("examples_per_micro_batch", v.examples_per_micro_batch);
+    vr.get("eval_examples", v.eval_examples);
+    vr.get("fashion_dir", v.fashion_dir);
+    vr.get("unifont", v.unifont);
+    vr.known.insert("tasks");
+    vr.known.insert("comment");
+    vr.check_unknown();
+    if (!vj.contains("tasks") || !vj["tasks"].is_array() || vj["tasks"].empty())
+      fail_input(path, "vision.tasks", "missing or empty (a list of \"fashion\", \"scenes\", \"arithmetic\")");
+    for (const json& t : vj["tasks"]) {
+      if (!t.is_string()) fail_input(path, "vision.tasks", "expected an array of task names");
+      const std::string n = t.get<std::string>();
+      if (n != "fashion" && n != "scenes" && n != "arithmetic")
+        fail_input(path, "vision.tasks", "unknown task \"" + n + "\" (expected fashion, scenes or arithmetic)");
+      v.tasks.push_back(n);
+    }
+    if (v.examples_per_micro_batch < 1) fail_input(path, "vision.examples_per_micro_batch", "must be at least 1");
+    if (v.eval_examples < 0) fail_input(path, "vision.eval_examples", "must be 0 (all) or positive");
+  }
   rd.known.insert("stages");
   rd.known.insert("comment");
   rd.check_unknown();
@@ -169,6 +195,8 @@ RunConfig parse_run_config(const std::string& text, const std::string& path) {
   if (r.model_config.empty()) fail_input(path, "model", "missing (path of the model's config.json)");
   if (fs::path(r.model_config).is_relative()) r.model_config = (base / r.model_config).lexically_normal().string();
   if (r.data != "bible" && fs::path(r.data).is_relative()) r.data = (base / r.data).lexically_normal().string();
+  for (std::string* p : {&r.vision.fashion_dir, &r.vision.unifont})
+    if (r.vision.enabled && fs::path(*p).is_relative()) *p = (base / *p).lexically_normal().string();
   if (!r.tokenizer.dir.empty() && fs::path(r.tokenizer.dir).is_relative())
     r.tokenizer.dir = (base / r.tokenizer.dir).lexically_normal().string();
 
@@ -280,6 +308,10 @@ std::string run_config_to_json(const RunConfig& r) {
     if (s.long_tasks.active()) sj["long_tasks"] = long_task_mix_json(s.long_tasks);
     j["stages"].push_back(sj);
   }
+  if (r.vision.enabled)
+    j["vision"] = {{"tasks", r.vision.tasks}, {"examples_per_micro_batch", r.vision.examples_per_micro_batch},
+                   {"eval_examples", r.vision.eval_examples}, {"fashion_dir", r.vision.fashion_dir},
+                   {"unifont", r.vision.unifont}};
   return j.dump(2) + "\n";
 }
 

@@ -42,6 +42,22 @@ struct TokenizerConfig {
   int64_t min_frequency = 2;   // train: stop merging when the best pair is rarer
 };
 
+// Image-text data trained jointly with the text (docs/vision.md; the model config needs a
+// vision_config and a media_placeholder_token_id): "vision": {"tasks": ["fashion", "scenes",
+// "arithmetic"], "examples_per_micro_batch": N, "eval_examples": M, "fashion_dir": DIR,
+// "unifont": FILE}. Each micro-batch adds N image-text examples (tasks in turn) to its text
+// sequences; their answers are scored with the text targets in one mean loss. At the end of
+// the run each task is evaluated on M test examples (fashion: the first M of the 10k test
+// images; 0: all), with the image, with zeros in its place and with another example's image.
+struct VisionRunConfig {
+  bool enabled = false;
+  std::vector<std::string> tasks;
+  int64_t examples_per_micro_batch = 8;
+  int64_t eval_examples = 1000;
+  std::string fashion_dir = "/usr/share/datasets/fashion-mnist";
+  std::string unifont = "/usr/share/unifont/unifont.hex";
+};
+
 struct RunConfig {
   std::string path;          // the run file
   std::string model_config;  // resolved path of the K3 config.json
@@ -75,6 +91,7 @@ struct RunConfig {
   std::vector<std::string> samples = {"In the beginning", "And God said"};
   int64_t sample_tokens = 80;
   double sample_temperature = 0.8;  // 0: greedy
+  VisionRunConfig vision;
 };
 
 // Parses and validates; k3::Error "<path>: <field>: <problem>".

@@ -28,6 +28,7 @@
 #include "train/model_grad.h"
 #include "train/parallel.h"
 #include "train/trainer_internal.h"
+#include "train/trainer_vision.h"
 
 namespace k3 {
 
@@ -140,6 +141,9 @@ struct Trainer::Impl {
   double session_seconds = 0;
   int64_t session_tokens = 0;
   bool begun = false;  // begin() ran
+  std::unique_ptr<VisionTrainPart> vision;  // run file "vision": the encoder trained with the text
+  std::vector<SequenceRouting> vrouting;
+  std::vector<SequenceResult> vresults;
 
   struct EvalScratch {
     ForwardScratch fs;
@@ -237,6 +241,14 @@ void Trainer::Impl::setup() {
     }
   }
 
+  if (run.vision.enabled && NR > 1)
+    fail_input(run.path, "vision", "data parallelism (--dp) of a run with images is not supported yet (every rank would "
+               "train every image-text example)");
+  if (run.vision.enabled) {
+    if (opt.resume)
+      fail_input(run.path, "vision", "--resume of a run with images is not supported yet (start it again)");
+    vision = std::make_unique<VisionTrainPart>(run, cfg, vocab, P, run.init_seed >= 0 ? uint64_t(run.init_seed) : run.seed);
+  }
   const int64_t total = model->weights().size();
   for (int t = 0; t < P; ++t) {
     grads.push_back(Tensor::zeros(DType::F32, {total}));
@@ -246,6 +258,8 @@ void Trainer::Impl::setup() {
   oo.beta1 = run.beta1, oo.beta2 = run.beta2, oo.weight_decay = run.weight_decay, oo.muon_momentum = run.muon_momentum;
   std::vector<ParamRef> refs = optimizer_params(model->weights(), grads[0].data<float>(), run.optimizer == "muon");
   std::vector<double> lr_scale;
+  if (vision)
+    for (ParamRef& p : vision->optimizer_params(run.optimizer == "muon")) refs.push_back(p);
   for (const ParamRef& p : refs)
     lr_scale.push_back(ends_with(p.name, ".block_sparse_moe.gate.weight") ? run.router_lr_scale : 1.0);
   state_off.assign(refs.size() + 1, 0);
@@ -403,8 +417,14 @@ StepStats Trainer::Impl::train_step() {
   // rank reads the whole micro-batch from the stream, so the stream position stays global.
   const int64_t nl = nseq / NR, first = R * nl;
   const int64_t targets = nmicro * nseq * T;
-  const double scale = 1.0 / double(targets);
   const auto t0 = Clock::now();
+  // Image-text examples of the whole step, prepared first: their scored targets join the
+  // text's in the one mean loss (scale).
+  const int64_t nvis = vision ? run.vision.examples_per_micro_batch : 0;
+  const int64_t vtargets = vision ? vision->prepare(nmicro * nvis) : 0;
+  if (vision) vision->zero_grads();
+  const double scale = 1.0 / double(targets + vtargets);
+  double vloss_sum = 0, t_vis = 0;
   const int64_t total = model->weights().size();
   const bool par = P > 1 && nl > 1;
   // Zero the gradient buffers (each thread its own: first touch stays local).
@@ -430,6 +450,17 @@ StepStats Trainer::Impl::train_step() {
     });
     for (int64_t s = 0; s < nl; ++s)
       part[size_t(2 * (mb * nl + s))] = results[size_t(s)].loss_sum, part[size_t(2 * (mb * nl + s) + 1)] = results[size_t(s)].aux_loss;
+    if (vision) {
+      const auto tv = Clock::now();
+      vrouting.resize(size_t(nvis));
+      vresults.resize(size_t(nvis));
+      for_each_sequence(nvis, P, P > 1 && nvis > 1, [&](int64_t s, int tid) {
+        vresults[size_t(s)] = vision->run(*model, mb * nvis + s, tid, scale, grads[size_t(tid)].data<float>(),
+                                          *scratch[size_t(tid)], loss_opt, balancer ? &vrouting[size_t(s)] : nullptr);
+      });
+      for (int64_t s = 0; s < nvis; ++s) vloss_sum += vresults[size_t(s)].loss_sum;
+      t_vis += seconds_since(tv);
+    }
     if (balancer) {
       // Per layer, sequences in order (layers are independent in the balancer).
 #pragma omp parallel for schedule(static) num_threads(P)
@@ -438,6 +469,13 @@ StepStats Trainer::Impl::train_step() {
           const SequenceRouting& r = routing[size_t(s)];
           balancer->observe(l, r.scores[size_t(l)].data(), r.bias[size_t(l)].data(), r.topk[size_t(l)].data(), r.T);
         }
+      if (vision)  // the image-text sequences' routing too: the balancer sees every token it trains on
+#pragma omp parallel for schedule(static) num_threads(P)
+        for (int64_t l = 0; l < n_moe; ++l)
+          for (int64_t s = 0; s < nvis; ++s) {
+            const SequenceRouting& r = vrouting[size_t(s)];
+            balancer->observe(l, r.scores[size_t(l)].data(), r.bias[size_t(l)].data(), r.topk[size_t(l)].data(), r.T);
+          }
     }
   }
   const double t_fb = seconds_since(t0);
@@ -470,7 +508,12 @@ StepStats Trainer::Impl::train_step() {
         const size_t i = size_t(2 * ((int64_t(r) * nmicro + mb) * nl + s));
         loss_sum += part[i], aux_sum += part[i + 1];
       }
-  const double loss = loss_sum / double(targets);
+  double vgnorm = 0;
+  if (vision) {
+    vision->reduce_grads();
+    vgnorm = vision->grad_norm();
+  }
+  const double loss = (loss_sum + vloss_sum) / double(targets + vtargets);
   if (!std::isfinite(loss))
     fail("train: the loss is " + fmt("%g", loss) + " at step " + std::to_string(st.step + 1) +
          " (diverged); the last checkpoint is kept: lower the learning rate and resume or restart");
@@ -514,6 +557,16 @@ StepStats Trainer::Impl::train_step() {
               {"seconds_update", t_opt},  {"maxvio", mv}};
     if (loss_opt.aux_alpha > 0) j["aux_loss"] = aux_sum / double(nmicro * nseq);
     if (sc.long_tasks.active()) j["long_task_seqs"] = long_seqs;  // sequences replaced by long-range tasks
+    if (vision) {
+      j["text_loss"] = loss_sum / double(targets);
+      j["vision_loss"] = vloss_sum / double(std::max<int64_t>(vtargets, 1));
+      j["vision_targets"] = vtargets;
+      j["vision_grad_norm"] = vgnorm;  // the encoder and projector, before clipping
+      j["seconds_vision"] = t_vis;     // forward + backward of the image-text sequences
+      const auto [enc_s, enc_n] = vision->take_encoder_time();
+      j["encoder_thread_seconds"] = enc_s;  // the encoder's forward + backward, summed over threads
+      j["encoder_images"] = enc_n;
+    }
     if (balancer && (stage_end || eval_step || st.step == 1)) j["loads"] = balancer->last_loads();
     metrics.write(j);
   }
@@ -662,6 +715,14 @@ void Trainer::Impl::save() {
   so.before_commit = [&](const std::string& tmp) {
     vocab.save(tmp);  // the checkpoint is a model directory: tokenizer beside config and weights
     save_train_state((fs::path(tmp) / "train_state.safetensors").string(), st, opt_state);
+    if (vision) {
+      // The directory holds the encoder too, so its config.json states the vision_config
+      // (save_checkpoint writes the text model's alone).
+      vision->save(tmp);
+      K3Config full = model->weights().config();
+      full.quantization = {};
+      write_text_file_atomic((fs::path(tmp) / "config.json").string(), config_to_hf_json(full));
+    }
     write_text_file_atomic((fs::path(tmp) / "run.json").string(), run_config_to_json(run));
   };
   if (R == 0) save_checkpoint(ckpt_dir, model->weights(), so);  // data parallel: rank 0 writes it
@@ -751,6 +812,16 @@ TrainResult Trainer::run() {
   m.progress.finish();
   if (m.last_saved_step != m.st.step) m.save();
   TrainResult r = m.result();
+  if (m.vision && r.complete) {
+    const auto t0 = Clock::now();
+    const json ve = m.vision->evaluate(*m.model, (fs::path(m.opt.out_dir) / "vision_eval.json").string());
+    m.metrics.write({{"type", "vision_eval"}, {"step", m.st.step}, {"results", ve}, {"seconds", seconds_since(t0)}});
+    for (const auto& [task, tj] : ve.items())
+      m.progress.message("vision " + task + ": accuracy " + fmt("%.3f", tj["image"]["accuracy"].get<double>()) +
+                         " (zeros " + fmt("%.3f", tj["zeros"]["accuracy"].get<double>()) + ", other image " +
+                         fmt("%.3f", tj["other_image"]["accuracy"].get<double>()) + ") on " +
+                         std::to_string(tj["image"]["examples"].get<int64_t>()) + " test examples");
+  }
   m.metrics.write({{"type", r.complete ? "end" : "stopped"}, {"step", m.st.step}, {"tokens", m.st.tokens_seen},
                    {"train_seconds", m.st.train_seconds}});
   if (!r.complete)
