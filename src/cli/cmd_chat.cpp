@@ -43,6 +43,14 @@ using chat::Json;
 
 namespace {
 
+// A message of one text part (the other fields empty).
+chat::Message text_message(chat::Role role, const std::string& text) {
+  chat::Message m;
+  m.role = role;
+  m.content = {text};
+  return m;
+}
+
 const char* kUsage =
     "usage: k3cpp chat <model dir> [--system TEXT] [--effort low|high|max] [--no-think] [--tools FILE]\n"
     "                  [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
@@ -134,7 +142,7 @@ int cmd_chat(const std::vector<std::string>& args) {
                                      *f)
                      .tools;
   }
-  if (const auto s = a.get("system")) conv.messages.push_back({chat::Role::system, {*s}});
+  if (const auto s = a.get("system")) conv.messages.push_back(text_message(chat::Role::system, *s));
   const int64_t max_tokens = a.get_int("max-tokens", 512);
   if (max_tokens < 1) fail("--max-tokens must be >= 1");
   SamplerOptions so;
@@ -184,7 +192,7 @@ int cmd_chat(const std::vector<std::string>& args) {
   while (next_line()) {
     if (line.empty()) continue;
     ++turn;
-    conv.messages.push_back({chat::Role::user, {line}});
+    conv.messages.push_back(text_message(chat::Role::user, line));
     conv.options.add_generation_prompt = true;
     const std::vector<chat::Segment> full = chat::render(conv);
     std::vector<int32_t> ids;
@@ -240,7 +248,7 @@ int cmd_chat(const std::vector<std::string>& args) {
     const double t_decode = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     std::printf("\n");
     const chat::ParsedOutput& out = parser.result();
-    chat::Message reply{chat::Role::assistant, {out.content}};
+    chat::Message reply = text_message(chat::Role::assistant, out.content);
     reply.reasoning = out.reasoning;
     for (const chat::ParsedCall& c : out.tool_calls) {
       chat::ToolCall tc;

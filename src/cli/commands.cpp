@@ -12,6 +12,7 @@ namespace k3::cli {
 int cmd_plan(const std::vector<std::string>& args);
 int cmd_inspect(const std::vector<std::string>& args);
 int cmd_init(const std::vector<std::string>& args);
+int cmd_convert(const std::vector<std::string>& args);
 int cmd_forward(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_chat(const std::vector<std::string>& args);
@@ -30,6 +31,7 @@ static const Command kCommands[] = {
     {"plan", "parameter counts, memory, FLOPs and placement for a config", cmd_plan},
     {"inspect", "list a checkpoint's tensors; check them against a config", cmd_inspect},
     {"init", "write a randomly initialised checkpoint for a config", cmd_init},
+    {"convert", "rewrite a model directory with MXFP4 / plain experts and bf16 / f32 dense tensors", cmd_convert},
     {"forward", "float32 logits of every position for given token ids", cmd_forward},
     {"generate", "generate tokens from a prompt (greedy or sampled), streaming", cmd_generate},
     {"chat", "chat in K3's XTML format (reasoning, tools), the session kept between turns", cmd_chat},

@@ -431,7 +431,7 @@ double probe_read_bandwidth(const std::string& path, uint64_t bytes, std::string
 
 InferenceModel load_inference_model(const ModelDir& md, const LoadOptions& opt, const StreamOptions& so,
                                     double disk_bytes_per_s) {
-  if (opt.ram_budget_bytes == 0) return InferenceModel{load_model(md, opt), nullptr, {}, 0, ""};
+  if (opt.ram_budget_bytes == 0) return InferenceModel{load_model(md, opt), nullptr, {}, 0, "", nullptr};
   const CheckpointReader ck = CheckpointReader::open(md.dir);
   if (ck.size() == 0) fail_input(md.dir, "", "no safetensors files in the model directory");
   const K3Config& cfg = md.config;

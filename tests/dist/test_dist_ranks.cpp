@@ -327,7 +327,9 @@ TEST(DistRanks, ExpertParallelLogitsEqualOneProcessBitwise) {
   ASSERT_EQ(got.size(), ref.size());
   for (size_t i = 0; i < ref.size(); ++i)
     EXPECT_EQ(0, std::memcmp(got[i].data(), ref[i].data(), sizeof(float) * ref[i].size())) << "position " << i;
-  if (N > 1) EXPECT_GT(g.comm->stats().at("ep.combine").bytes_sent, 0);
+  if (N > 1) {
+    EXPECT_GT(g.comm->stats().at("ep.combine").bytes_sent, 0);
+  }
 }
 
 }  // namespace k3::test

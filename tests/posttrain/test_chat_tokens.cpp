@@ -24,7 +24,9 @@ std::string runs(const ChatSequence& q, uint8_t flag) {
   std::string out;
   std::vector<int32_t> run;
   auto flush = [&] {
-    if (!run.empty()) out += (out.empty() ? "" : "|") + vocab().tok.decode(run);
+    if (run.empty()) return;
+    if (!out.empty()) out += '|';
+    out += vocab().tok.decode(run);
     run.clear();
   };
   for (size_t i = 0; i < q.ids.size(); ++i) {

@@ -753,6 +753,8 @@ TEST(ServeHttp, RamBudgetGivesTheResidentReply) {
     EXPECT_EQ(got.json["choices"][0]["message"], want.json["choices"][0]["message"]) << "ring " << ring;
     EXPECT_EQ(got.json["choices"][0]["logprobs"], want.json["choices"][0]["logprobs"]) << "ring " << ring;
     EXPECT_GT(budgeted.server->inference_model()->stream->stats().calls, 0);
-    if (ring) EXPECT_GT(budgeted.server->inference_model()->trunk->stats().acquires, 0);
+    if (ring) {
+      EXPECT_GT(budgeted.server->inference_model()->trunk->stats().acquires, 0);
+    }
   }
 }

@@ -41,8 +41,12 @@ TEST(VisionData, ScenesAnswerWhatTheyDraw) {
       const std::string c = mr > 0.8 * n && mg > 0.6 * n ? "yellow" : mr > 0.8 * n ? "red" : mg > 0.6 * n ? "green" : "blue";
       EXPECT_EQ(e.answer, c) << i;
     }
-    if (e.qtype == 2) EXPECT_EQ(e.answer, left > right ? "left" : "right") << i;
-    if (e.qtype == 3) EXPECT_TRUE(e.answer >= "1" && e.answer <= "4") << i;
+    if (e.qtype == 2) {
+      EXPECT_EQ(e.answer, left > right ? "left" : "right") << i;
+    }
+    if (e.qtype == 3) {
+      EXPECT_TRUE(e.answer >= "1" && e.answer <= "4") << i;
+    }
   }
   for (const char* a : {"red", "green", "blue", "yellow", "square", "circle", "triangle", "left", "right", "1", "4"})
     EXPECT_TRUE(answers.count(a)) << a;
