@@ -77,6 +77,17 @@ std::vector<double> random_fractions(Rng& rng, size_t n) {
   return at;
 }
 
+// n distinct 3-letter keys with 4-digit values (MQAR and the mixed task).
+void random_pairs(Rng& rng, int64_t n, std::vector<std::string>& keys, std::vector<std::string>& vals) {
+  for (int64_t i = 0; i < n; ++i) {
+    std::string k;
+    do k = rng.word(3);
+    while (std::find(keys.begin(), keys.end(), k) != keys.end());
+    keys.push_back(k);
+    vals.push_back(rng.digits(4));
+  }
+}
+
 template <typename T>
 void shuffle(Rng& rng, std::vector<T>& v) {
   for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[size_t(rng.below(int64_t(i)))]);
@@ -132,13 +143,7 @@ LongSample make_long_sample(const TextEncoder& enc, const LongTaskOptions& o) {
     case LongTask::mqar: {
       if (o.pairs < 1 || o.queries < 1 || o.queries > o.pairs) fail("mqar: needs 1 <= queries <= pairs");
       std::vector<std::string> keys, vals;
-      for (int64_t i = 0; i < o.pairs; ++i) {
-        std::string k;
-        do k = rng.word(3);
-        while (std::find(keys.begin(), keys.end(), k) != keys.end());
-        keys.push_back(k);
-        vals.push_back(rng.digits(4));
-      }
+      random_pairs(rng, o.pairs, keys, vals);
       std::vector<std::vector<int32_t>> pieces;
       std::vector<double> at;
       for (int64_t i = 0; i < o.pairs; ++i) {
@@ -188,14 +193,8 @@ LongSample make_long_sample(const TextEncoder& enc, const LongTaskOptions& o) {
       const std::string key = rng.digits(5);
       std::vector<std::vector<int32_t>> pieces = {enc(" The pass key is " + key + ".")};
       std::vector<std::string> keys, vals;
-      for (int64_t i = 0; i < o.pairs; ++i) {
-        std::string k;
-        do k = rng.word(3);
-        while (std::find(keys.begin(), keys.end(), k) != keys.end());
-        keys.push_back(k);
-        vals.push_back(rng.digits(4));
-        pieces.push_back(enc(" " + k + ": " + vals.back() + "."));
-      }
+      random_pairs(rng, o.pairs, keys, vals);
+      for (int64_t i = 0; i < o.pairs; ++i) pieces.push_back(enc(" " + keys[size_t(i)] + ": " + vals[size_t(i)] + "."));
       std::vector<std::string> names;
       for (int64_t i = 0; i <= o.hops; ++i) names.push_back(rng.word(1) + std::to_string(i) + rng.word(2));
       const std::string value = rng.digits(5);

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "io/tokenizer.h"
+#include "long_task_bytes.h"
 #include "train/long_mix.h"
 #include "train/run_config.h"
 #include "train/trainer.h"
@@ -24,14 +24,8 @@ using namespace k3::test;
 
 namespace {
 
-const ByteTokenizer& bytes() {
-  static const ByteTokenizer t;
-  return t;
-}
-std::vector<int32_t> enc(const std::string& s) { return bytes().encode(s); }
-std::string dec(const std::vector<int32_t>& ids, size_t a, size_t b) {
-  return bytes().decode(std::vector<int32_t>(ids.begin() + long(a), ids.begin() + long(b)));
-}
+using k3::test::dec;
+using k3::test::enc;
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -178,22 +172,12 @@ nlohmann::json run_with_long_tasks() {
   return run;
 }
 
-TrainResult train(const std::string& run_path, const std::string& out, bool resume, int64_t stop = -1) {
-  TrainOptions o;
-  o.out_dir = out;
-  o.resume = resume;
-  o.stop_at_step = stop;
-  o.quiet = true;
-  Trainer t(load_run_config(run_path), o);
-  return t.run();
-}
-
 }  // namespace
 
 TEST(LongMix, TrainingStageUsesThemAndResumesExactly) {
   TrainTempDir t;
   const std::string run = write_run_files(t.path, run_with_long_tasks());
-  ASSERT_TRUE(train(run, t.sub("a"), false).complete);
+  ASSERT_TRUE(train_run(run, t.sub("a"), false).complete);
   // Stage 1 (steps 1-6) has no long tasks; stage 2 (steps 7-10, one sequence a step) has them.
   std::istringstream in(read_text(t.sub("a/metrics.jsonl")));
   std::string line;
@@ -210,8 +194,8 @@ TEST(LongMix, TrainingStageUsesThemAndResumesExactly) {
     }
   }
   EXPECT_GT(long_total, 0) << "no sequence of stage 2 was replaced (fraction 0.5 over 4 sequences)";
-  ASSERT_FALSE(train(run, t.sub("b"), false, 8).complete);
-  ASSERT_TRUE(train(run, t.sub("b"), true).complete);
+  ASSERT_FALSE(train_run(run, t.sub("b"), false, 8).complete);
+  ASSERT_TRUE(train_run(run, t.sub("b"), true).complete);
   const auto la = step_losses(t.sub("a/metrics.jsonl")), lb = step_losses(t.sub("b/metrics.jsonl"));
   ASSERT_EQ(la.size(), lb.size());
   for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i].second, lb[i].second) << "step " << la[i].first;
@@ -223,7 +207,7 @@ TEST(LongMix, StageTooShortForItsTasksIsRefusedNamingTheField) {
   auto j = run_with_long_tasks();
   j["stages"][0]["long_tasks"] = {{"fraction", 0.5}, {"tasks", {"passkey"}}};  // seq_len 32
   const std::string run = write_run_files(t.path, j);
-  const std::string e = error_of([&] { train(run, t.sub("a"), false); });
+  const std::string e = error_of([&] { train_run(run, t.sub("a"), false); });
   EXPECT_NE(e.find("stages[0].long_tasks"), std::string::npos) << e;
   EXPECT_NE(e.find("cannot hold"), std::string::npos) << e;
 }

@@ -11,7 +11,7 @@
 
 #include "common/random_model.h"
 #include "core/error.h"
-#include "io/tokenizer.h"
+#include "long_task_bytes.h"
 #include "train/long_eval.h"
 #include "train/long_tasks.h"
 
@@ -19,14 +19,8 @@ using namespace k3;
 
 namespace {
 
-const ByteTokenizer& bytes() {
-  static const ByteTokenizer t;
-  return t;
-}
-std::vector<int32_t> enc(const std::string& s) { return bytes().encode(s); }
-std::string dec(const std::vector<int32_t>& ids, size_t a, size_t b) {
-  return bytes().decode(std::vector<int32_t>(ids.begin() + long(a), ids.begin() + long(b)));
-}
+using k3::test::dec;
+using k3::test::enc;
 
 TEST(LongTasks, PasskeyHasItsLengthAndItsNeedleAtTheDepth) {
   for (double depth : {0.0, 0.5, 1.0}) {

@@ -29,16 +29,6 @@ using namespace k3::test;
 
 namespace {
 
-TrainResult train(const std::string& run_path, const std::string& out, bool resume, int64_t stop = -1) {
-  TrainOptions o;
-  o.out_dir = out;
-  o.resume = resume;
-  o.stop_at_step = stop;
-  o.quiet = true;
-  Trainer t(load_run_config(run_path), o);
-  return t.run();
-}
-
 std::map<std::string, std::string> dir_bytes(const std::string& dir) {
   std::map<std::string, std::string> m;
   for (auto& e : fs::directory_iterator(dir)) m[e.path().filename().string()] = read_text(e.path().string());
@@ -47,7 +37,7 @@ std::map<std::string, std::string> dir_bytes(const std::string& dir) {
 
 std::string error_of(const std::string& run_path, const std::string& out, bool resume) {
   try {
-    train(run_path, out, resume);
+    train_run(run_path, out, resume);
   } catch (const Error& e) {
     return e.what();
   }
@@ -61,7 +51,7 @@ struct Trained {
   Trained() {
     run = write_run_files(t.path, tiny_run());
     out = t.sub("out");
-    train(run, out, false, 4);
+    train_run(run, out, false, 4);
   }
 };
 
@@ -70,16 +60,16 @@ struct Trained {
 TEST(TrainerResume, StraightEqualsStoppedAndResumedBitwise) {
   TrainTempDir t;
   const std::string run = write_run_files(t.path, tiny_run());
-  const TrainResult a = train(run, t.sub("a"), false);
+  const TrainResult a = train_run(run, t.sub("a"), false);
   ASSERT_TRUE(a.complete);
   ASSERT_EQ(a.steps, 10);
 
-  const TrainResult b1 = train(run, t.sub("b"), false, 4);  // mid stage 1
+  const TrainResult b1 = train_run(run, t.sub("b"), false, 4);  // mid stage 1
   EXPECT_FALSE(b1.complete);
   EXPECT_EQ(b1.steps, 4);
-  const TrainResult b2 = train(run, t.sub("b"), true, 6);  // exactly at the stage boundary
+  const TrainResult b2 = train_run(run, t.sub("b"), true, 6);  // exactly at the stage boundary
   EXPECT_EQ(b2.steps, 6);
-  const TrainResult b3 = train(run, t.sub("b"), true);  // through stage 2 to the end
+  const TrainResult b3 = train_run(run, t.sub("b"), true);  // through stage 2 to the end
   ASSERT_TRUE(b3.complete);
   EXPECT_EQ(b3.steps, 10);
 
@@ -165,7 +155,7 @@ TEST(TrainerResume, RefusesMismatchedRunNamingTheFieldAndKeepsCheckpoint) {
   r["eval_every"] = 5;
   r["threads"] = 1;
   write_run_files(tr.t.path, r, "other.json");
-  EXPECT_EQ(train(other, tr.out, true, 5).steps, 5);
+  EXPECT_EQ(train_run(other, tr.out, true, 5).steps, 5);
 }
 
 TEST(TrainerResume, RefusesCorruptedTrainStateAndKeepsCheckpoint) {
@@ -225,8 +215,8 @@ TEST(TrainerResume, NewRunNeverOverwritesAndResumeNeedsACheckpoint) {
 TEST(TrainerResume, PreReleaseCheckpointResumes) {
   TrainTempDir t;
   const std::string run = write_run_files(t.path, tiny_run());
-  ASSERT_TRUE(train(run, t.sub("a"), false).complete);
-  ASSERT_EQ(train(run, t.sub("b"), false, 4).steps, 4);
+  ASSERT_TRUE(train_run(run, t.sub("a"), false).complete);
+  ASSERT_EQ(train_run(run, t.sub("b"), false, 4).steps, 4);
   const std::string ck = t.sub("b/checkpoint");
   auto old_config = [](const std::string& text) {
     nlohmann::json j = nlohmann::json::parse(text);
@@ -256,7 +246,7 @@ TEST(TrainerResume, PreReleaseCheckpointResumes) {
     save_train_state(ck + "/train_state.safetensors", st, opt);
   }
   ASSERT_TRUE(CheckpointReader::open(ck).has(legacy_param_name(kOutputAttnResNormName)));
-  ASSERT_TRUE(train(run, t.sub("b"), true).complete);
+  ASSERT_TRUE(train_run(run, t.sub("b"), true).complete);
   const K3Model ma = load_model(t.sub("a/checkpoint")), mb = load_model(ck);
   ASSERT_EQ(ma.weights().size(), mb.weights().size());
   EXPECT_EQ(0, std::memcmp(ma.weights().data(), mb.weights().data(), sizeof(float) * size_t(ma.weights().size())));

@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "train/run_config.h"
+#include "train/trainer.h"
+
 namespace k3::test {
 
 struct TrainTempDir {
@@ -111,6 +114,18 @@ inline std::vector<std::pair<int64_t, double>> step_losses(const std::string& me
     if (j["type"] == "step") out.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
   }
   return out;
+}
+
+// Runs the run file quietly into `out` (resume: continue its checkpoint; stop > 0: stop after
+// that many optimiser steps).
+inline TrainResult train_run(const std::string& run_path, const std::string& out, bool resume, int64_t stop = -1) {
+  TrainOptions o;
+  o.out_dir = out;
+  o.resume = resume;
+  o.stop_at_step = stop;
+  o.quiet = true;
+  Trainer t(load_run_config(run_path), o);
+  return t.run();
 }
 
 }  // namespace k3::test

@@ -58,16 +58,6 @@ nlohmann::json default_tokenizer_run() {
   return r;
 }
 
-TrainResult train(const std::string& run_path, const std::string& out, bool resume, int64_t stop = -1) {
-  TrainOptions o;
-  o.out_dir = out;
-  o.resume = resume;
-  o.stop_at_step = stop;
-  o.quiet = true;
-  Trainer t(load_run_config(run_path), o);
-  return t.run();
-}
-
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
@@ -151,12 +141,12 @@ TEST(TrainerVocab, ResumeUsesTheSavedVocabularyExactly) {
       {"name": "s1", "seq_len": 32, "tokens": 1024, "lr_peak": 0.01, "warmup_steps": 1},
       {"name": "s2", "seq_len": 64, "tokens": 512, "lr_peak": 0.01, "lr_end": 0.002, "decay_frac": 1.0}])");
   const std::string run = write_run_files(t.path, r, "run.json", 600);
-  const TrainResult a = train(run, t.sub("a"), false);
+  const TrainResult a = train_run(run, t.sub("a"), false);
   ASSERT_TRUE(a.complete);
   ASSERT_EQ(a.steps, 6);
-  ASSERT_EQ(train(run, t.sub("b"), false, 3).steps, 3);
+  ASSERT_EQ(train_run(run, t.sub("b"), false, 3).steps, 3);
   fs::remove_all(t.sub("b/tokenizer"));  // the checkpoint's copy is the run's vocabulary
-  const TrainResult b = train(run, t.sub("b"), true);
+  const TrainResult b = train_run(run, t.sub("b"), true);
   ASSERT_TRUE(b.complete);
   EXPECT_TRUE(read_text(t.sub("a/checkpoint/model.safetensors")) == read_text(t.sub("b/checkpoint/model.safetensors")));
   EXPECT_EQ(read_text(t.sub("a/checkpoint/tiktoken.model")), read_text(t.sub("b/checkpoint/tiktoken.model")));
@@ -166,16 +156,16 @@ TEST(TrainerVocab, ResumeUsesTheSavedVocabularyExactly) {
   for (size_t s = 0; s < 2; ++s) EXPECT_EQ(a.stages[s].eval_bpb, b.stages[s].eval_bpb);
 
   // A corrupted vocabulary in the checkpoint is refused, naming the file and line.
-  ASSERT_EQ(train(run, t.sub("c"), false, 3).steps, 3);
+  ASSERT_EQ(train_run(run, t.sub("c"), false, 3).steps, 3);
   const std::string tm = t.sub("c/checkpoint/tiktoken.model");
   write_text(tm, read_text(tm) + "not-base64!! 600\n");
-  const std::string e = error_of([&] { train(run, t.sub("c"), true); });
+  const std::string e = error_of([&] { train_run(run, t.sub("c"), true); });
   EXPECT_TRUE(has(e, "tiktoken.model") && has(e, "line")) << e;
   // A run file that switches to the byte tokenizer does not resume a trained-vocabulary run.
   nlohmann::json rb = r;
   rb["tokenizer"] = "bytes";
   const std::string run_b = write_run_files(t.path, rb, "run-bytes.json", 600);
-  const std::string eb = error_of([&] { train(run_b, t.sub("b"), true); });
+  const std::string eb = error_of([&] { train_run(run_b, t.sub("b"), true); });
   EXPECT_TRUE(has(eb, "tokenizer")) << eb;
 }
 
