@@ -19,6 +19,15 @@ using namespace k3;
 
 namespace {
 
+// configs/tiny.json cut to 4 layers (KDA, MLA, KDA, MLA): both mixers' rewind paths, quickly.
+K3Config small_config() {
+  K3Config c = test::tiny_config(2);
+  c.num_hidden_layers = 4;
+  c.full_attn_layers = {2, 4};
+  c.kda_layers = {1, 3};
+  return c;
+}
+
 std::vector<int32_t> plain_greedy(const K3Model& m, const std::vector<int32_t>& prompt, int64_t n) {
   Session s(m);
   const float* l = s.prefill(prompt);
@@ -59,7 +68,7 @@ TEST(NgramDraft, ProposesWhatFollowedTheLatestOccurrenceOfTheLongestSuffix) {
 }
 
 TEST(SessionMark, RewindUndoesAMultiTokenAppendExactly) {
-  const K3Model m = test::random_model(test::tiny_config(), 5);
+  const K3Model m = test::random_model(small_config(), 5);
   const int64_t V = m.dims().V;
   const std::vector<int32_t> prompt = test::make_ids(40, V, 3), more = test::make_ids(5, V, 4);
   Session a(m), b(m);
@@ -89,7 +98,7 @@ TEST(SessionMark, RewindUndoesAMultiTokenAppendExactly) {
 
 TEST(Speculative, NgramDraftsEmitExactlyPlainGreedy) {
   for (uint64_t seed : {1, 2}) {
-    const K3Model m = test::random_model(test::tiny_config(), seed);
+    const K3Model m = test::random_model(small_config(), seed);
     const std::vector<int32_t> prompt = repeating_prompt(m.dims().V, uint32_t(seed));
     const int64_t n = 24;
     const std::vector<int32_t> ref = plain_greedy(m, prompt, n);
@@ -110,7 +119,7 @@ TEST(Speculative, NgramDraftsEmitExactlyPlainGreedy) {
 // An oracle that knows plain greedy's continuation and proposes it, wrong from the
 // (wrong_at)-th drafted token of every draft on: accepted prefixes and rejected tails.
 TEST(Speculative, OracleDraftsAcceptedAndRejectedGiveExactlyPlainGreedyInFewerPasses) {
-  const K3Model m = test::random_model(test::tiny_config(), 3);
+  const K3Model m = test::random_model(small_config(), 3);
   const int64_t V = m.dims().V, n = 24;
   const std::vector<int32_t> prompt = test::make_ids(20, V, 9);
   const std::vector<int32_t> ref = plain_greedy(m, prompt, n);
@@ -150,7 +159,7 @@ TEST(Speculative, OracleDraftsAcceptedAndRejectedGiveExactlyPlainGreedyInFewerPa
 }
 
 TEST(Speculative, StopsOnADraftedTokenAndRejectsBadOptions) {
-  const K3Model m = test::random_model(test::tiny_config(), 2);
+  const K3Model m = test::random_model(small_config(), 2);
   const std::vector<int32_t> prompt = repeating_prompt(m.dims().V, 2);
   const std::vector<int32_t> ref = plain_greedy(m, prompt, 16);
   // Stop at the 12th token, whatever path produced it.
