@@ -5,7 +5,8 @@
 # stage's sequences, and the hybrid trained on text only), each evaluated zero-shot from 1x to
 # 32x its training length: passkey, MQAR, the mixed task and loss by position. Writes
 # OUT/<run>/{checkpoint,metrics.jsonl,eval/*.json}, OUT/study.md (tables) and OUT/study.svg.
-# A run whose checkpoint is complete is not retrained. About 40 minutes on 2 idle cores.
+# A run whose checkpoint is complete is not retrained. About 20 minutes on 2 idle cores
+# (estimated from three runs trained idle: 142-192 s each, plus their evaluations).
 # usage: scripts/long_context_study.sh [OUT_DIR] [SAMPLES]
 set -euo pipefail
 cd "$(dirname "$0")/.."
