@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -73,6 +74,31 @@ uint8_t* map_owned_arena(uint64_t bytes, const std::string& what, uint64_t* roun
 
 void unmap_owned_arena(uint8_t* p, uint64_t rounded) {
   if (p) ::munmap(p, rounded);
+}
+
+void read_run(int fd, uint8_t* dst, uint64_t start, uint64_t len, uint64_t need, bool direct, const PreadHook& hook,
+              const std::function<void(double seconds, ssize_t n)>& account,
+              const std::function<std::string(uint64_t got)>& what) {
+  using Clock = std::chrono::steady_clock;
+  uint64_t got = 0;
+  while (got < len) {
+    const auto t0 = Clock::now();
+    const off_t at = off_t(start + got);
+    const ssize_t n = hook ? hook(fd, dst + got, size_t(len - got), at) : ::pread(fd, dst + got, size_t(len - got), at);
+    const int err = errno;
+    account(std::chrono::duration<double>(Clock::now() - t0).count(), n);
+    if (n < 0) {
+      if (err == EINTR) continue;
+      fail("reading " + what(got) + ": " + std::strerror(err));
+    }
+    if (n == 0) {
+      if (got >= need) break;  // end of file inside the alignment widening
+      fail("reading " + what(got) + ": short read, got " + std::to_string(got) + " of " + std::to_string(need) +
+           " bytes (the file ends there: truncated or replaced while in use?)");
+    }
+    got += uint64_t(n);
+  }
+  if (!direct) ::posix_fadvise(fd, off_t(start), off_t(len), POSIX_FADV_DONTNEED);
 }
 
 }  // namespace k3

@@ -3,7 +3,10 @@
 // arenas their reads land in (anonymous mmap, 2 MiB aligned, MADV_HUGEPAGE, faulted in at
 // once so the budget shows in RssAnon at load and the reads pay no page faults).
 #pragma once
+#include <sys/types.h>
+
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,5 +22,16 @@ void open_for_reads(const std::vector<std::string>& files, bool direct, bool req
 // in the error if the mapping fails. Give it back with unmap_owned_arena(p, *rounded).
 uint8_t* map_owned_arena(uint64_t bytes, const std::string& what, uint64_t* rounded);
 void unmap_owned_arena(uint8_t* p, uint64_t rounded);
+
+using PreadHook = std::function<ssize_t(int fd, void* buf, size_t n, off_t off)>;  // tests: fault injection
+
+// One widened read: [start, start + len) of fd into dst, of which the first `need` bytes must
+// arrive (the rest is alignment widening past the end of the file). EINTR is retried; an
+// error or a short read is a k3::Error "reading <what(got)>: ..." (what: the payload, the
+// file and the offset reached). account(seconds, n) after every pread (the caller's stats).
+// Buffered reads drop the range from the page cache afterwards (posix_fadvise DONTNEED).
+void read_run(int fd, uint8_t* dst, uint64_t start, uint64_t len, uint64_t need, bool direct, const PreadHook& hook,
+              const std::function<void(double seconds, ssize_t n)>& account,
+              const std::function<std::string(uint64_t got)>& what);
 
 }  // namespace k3

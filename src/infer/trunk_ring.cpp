@@ -160,42 +160,22 @@ void TrunkRing::read_layer(int64_t slot, int64_t layer) {
   const Layer& L = layers_[size_t(layer)];
   uint8_t* base = arena_ + uint64_t(slot) * slot_bytes_;
   for (const Run& r : L.runs) {
-    const int fd = fds_[size_t(r.file)];
-    uint64_t got = 0;
-    while (got < r.len) {
-      const double t0 = now_s();
-      uint8_t* dst = base + r.slot_off + got;
-      const off_t at = off_t(r.start + got);
-      const ssize_t n = opt_.pread_hook ? opt_.pread_hook(fd, dst, size_t(r.len - got), at)
-                                        : ::pread(fd, dst, size_t(r.len - got), at);
-      const int err = errno;
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        st_.io_seconds += now_s() - t0;
-        ++st_.reads;
-        if (n > 0) st_.device_bytes += uint64_t(n);
-      }
-      auto what = [&] {
-        // The matrix the failing byte belongs to (or the first of the run).
-        size_t q = r.first_part;
-        for (size_t k = r.first_part; k < L.parts.size() && L.parts[k].file == r.file; ++k)
-          if (L.parts[k].offset <= r.start + got) q = k;
-        return "the trunk of layer " + std::to_string(layer) + " (" + L.parts[q].name + ", a read of " +
-               std::to_string(r.need) + " bytes from offset " + std::to_string(r.start) + ") from " +
-               files_[size_t(r.file)] + " at offset " + std::to_string(r.start + got);
-      };
-      if (n < 0) {
-        if (err == EINTR) continue;
-        fail("reading " + what() + ": " + std::strerror(err));
-      }
-      if (n == 0) {
-        if (got >= r.need) break;  // end of file inside the alignment widening
-        fail("reading " + what() + ": short read, got " + std::to_string(got) + " of " + std::to_string(r.need) +
-             " bytes (the file ends there: truncated or replaced while in use?)");
-      }
-      got += uint64_t(n);
-    }
-    if (!direct_) ::posix_fadvise(fd, off_t(r.start), off_t(r.len), POSIX_FADV_DONTNEED);
+    auto account = [&](double seconds, ssize_t n) {
+      std::lock_guard<std::mutex> lk(mu_);
+      st_.io_seconds += seconds;
+      ++st_.reads;
+      if (n > 0) st_.device_bytes += uint64_t(n);
+    };
+    auto what = [&](uint64_t got) {
+      // The matrix the failing byte belongs to (or the first of the run).
+      size_t q = r.first_part;
+      for (size_t k = r.first_part; k < L.parts.size() && L.parts[k].file == r.file; ++k)
+        if (L.parts[k].offset <= r.start + got) q = k;
+      return "the trunk of layer " + std::to_string(layer) + " (" + L.parts[q].name + ", a read of " +
+             std::to_string(r.need) + " bytes from offset " + std::to_string(r.start) + ") from " +
+             files_[size_t(r.file)] + " at offset " + std::to_string(r.start + got);
+    };
+    read_run(fds_[size_t(r.file)], base + r.slot_off, r.start, r.len, r.need, direct_, opt_.pread_hook, account, what);
   }
   // Matrices held in f32 by the resident model: converted as the loader does (exact widening).
   for (const Part& p : L.parts) {

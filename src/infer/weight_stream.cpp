@@ -179,39 +179,20 @@ void ExpertStreamer::read_job(const Job& j) {
   const int fd = fds_[size_t(loc.file)];
   uint8_t* base = arena_ + uint64_t(j.slot) * slot_bytes_;
   for (const Run& r : loc.runs) {
-    uint64_t got = 0;
-    while (got < r.len) {
-      const double t0 = now_s();
-      const ssize_t n = opt_.pread_hook ? opt_.pread_hook(fd, base + r.slot_off + got, size_t(r.len - got),
-                                                          off_t(r.start + got))
-                                        : ::pread(fd, base + r.slot_off + got, size_t(r.len - got), off_t(r.start + got));
-      const int err = errno;
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        st_.io_seconds += now_s() - t0;
-        ++st_.reads;
-        if (n > 0) st_.device_bytes += uint64_t(n);
-      }
-      auto what = [&] {
-        return "routed expert " + std::to_string(loc.expert) + " of layer " + std::to_string(loc.layer) + " (" +
-               layer_prefix(loc.layer) + "block_sparse_moe.experts." + std::to_string(loc.expert) + "." +
-               kPartSuffix[loc.parts[size_t(r.first_part)].which] + " and the rest of the read, " +
-               std::to_string(r.need) + " bytes from offset " + std::to_string(r.start) + ")";
-      };
-      if (n < 0) {
-        if (err == EINTR) continue;
-        fail("reading " + what() + " from " + files_[size_t(loc.file)] + " at offset " + std::to_string(r.start + got) +
-             ": " + std::strerror(err));
-      }
-      if (n == 0) {
-        if (got >= r.need) break;  // end of file inside the alignment widening
-        fail("reading " + what() + " from " + files_[size_t(loc.file)] + " at offset " + std::to_string(r.start + got) +
-             ": short read, got " + std::to_string(got) + " of " + std::to_string(r.need) +
-             " bytes (the file ends there: truncated or replaced while in use?)");
-      }
-      got += uint64_t(n);
-    }
-    if (!direct_) ::posix_fadvise(fd, off_t(r.start), off_t(r.len), POSIX_FADV_DONTNEED);
+    auto account = [&](double seconds, ssize_t n) {
+      std::lock_guard<std::mutex> lk(mu_);
+      st_.io_seconds += seconds;
+      ++st_.reads;
+      if (n > 0) st_.device_bytes += uint64_t(n);
+    };
+    auto what = [&](uint64_t got) {
+      return "routed expert " + std::to_string(loc.expert) + " of layer " + std::to_string(loc.layer) + " (" +
+             layer_prefix(loc.layer) + "block_sparse_moe.experts." + std::to_string(loc.expert) + "." +
+             kPartSuffix[loc.parts[size_t(r.first_part)].which] + " and the rest of the read, " +
+             std::to_string(r.need) + " bytes from offset " + std::to_string(r.start) + ") from " +
+             files_[size_t(loc.file)] + " at offset " + std::to_string(r.start + got);
+    };
+    read_run(fd, base + r.slot_off, r.start, r.len, r.need, direct_, opt_.pread_hook, account, what);
   }
 }
 
