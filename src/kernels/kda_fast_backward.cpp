@@ -70,7 +70,7 @@ void backward_chunk(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* d
   const int64_t C = gm.C, Kp = gm.Dkp, Vp = gm.Dvp, Dk = gm.Dk, Dv = gm.Dv, H = gm.H, NB = gm.NB;
   const bool bf = gm.bf16;
   const int64_t t0 = c * C, n = std::min(C, gm.Tn - t0);
-  prep_chunk(gm, s, q, k, nullptr, g, beta, h, t0, n, /*need_v=*/false, /*keep_factors=*/true);
+  prep_chunk(gm, s, q, k, nullptr, g, beta, h, t0, n, /*prefetch_v=*/false, /*keep_factors=*/true);
   // Akk, Aqk as the forward computed them (saved), the UT transform redone (cheap)
   const float *S0 = ws.state_at(h, c), *R = ws.r_at(h, c), *Vq = ws.vp_at(h, c), *Akk = ws.akk_at(h, c),
               *Aqk = ws.aqk_at(h, c);

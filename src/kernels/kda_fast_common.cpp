@@ -55,7 +55,7 @@ void Scratch::carve(const Geom& g) {
   float** f32s[] = {&Q, &K, &G, &E, &Edl, &Ga, &Kd, &Y, &Ex, &Ey, &YT, &dKd, &dY, &dG};
   float** f32d[] = {&KQe, &XQ, &dKQe, &dXQ};  // 2C x Dkp
   float** cc[] = {&Akk, &Aqk, &Linv, &Tm, &dT, &dAqk, &dLinv, &M1, &dL, &LT};
-  float** cv[] = {&V, &R, &Vp, &dVp};
+  float** cv[] = {&R, &Vp, &dVp};
 
   // bf16 operand buffers, in uint16 units: A up to 2C x max(Dkp, Dvp) (or its transpose), B up
   // to max(Dkp x Dvp, 2C x Dvp, Dkp x C, C x C) plus a pad pair-row.
@@ -113,9 +113,9 @@ inline void gather_row(float* __restrict Qi, float* __restrict Ki, float* __rest
 }  // namespace
 
 void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, const float* v, const float* g,
-                const float* beta, int64_t h, int64_t t0, int64_t n, bool need_v, bool keep_factors) {
+                const float* beta, int64_t h, int64_t t0, int64_t n, bool prefetch_v, bool keep_factors) {
   constexpr int64_t kAhead = 8;
-  const int64_t C = gm.C, Dk = gm.Dk, Dv = gm.Dv, Kp = gm.Dkp, Vp = gm.Dvp, H = gm.H;
+  const int64_t C = gm.C, Dk = gm.Dk, Dv = gm.Dv, Kp = gm.Dkp, H = gm.H;
   const int64_t ldk = H * Dk, ldv = H * Dv;
   const float sc = gm.scale;
   for (int64_t i = 0; i < C; ++i) {
@@ -128,7 +128,7 @@ void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, cons
         __builtin_prefetch(k + ta * ldk + h * Dk + c);
         __builtin_prefetch(g + ta * ldk + h * Dk + c);
       }
-      if (need_v)
+      if (prefetch_v)
         for (int64_t c = 0; c < Dv; c += 16) __builtin_prefetch(v + ta * ldv + h * Dv + c);
     }
     if (i < n) {
@@ -137,11 +137,6 @@ void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, cons
       if (!gm.dense) {  // e^g per token for the Safe diagonal tiles (padding: e^0)
         vexp(s.Ga + i * Kp, gi, Dk);
         for (int64_t c = Dk; c < Kp; ++c) s.Ga[i * Kp + c] = 1.f;
-      }
-      if (need_v) {
-        const float* vi = v + (t0 + i) * ldv + h * Dv;
-        std::memcpy(s.V + i * Vp, vi, size_t(Dv) * 4);
-        std::fill(s.V + i * Vp + Dv, s.V + (i + 1) * Vp, 0.f);
       }
       s.beta[i] = beta[(t0 + i) * H + h];
     } else {
@@ -152,7 +147,6 @@ void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, cons
       else
         std::fill(Gi, Gi + Kp, 0.f);
       if (!gm.dense) std::fill(s.Ga + i * Kp, s.Ga + (i + 1) * Kp, 1.f);
-      if (need_v) std::fill(s.V + i * Vp, s.V + (i + 1) * Vp, 0.f);
       s.beta[i] = 0.f;
     }
   }

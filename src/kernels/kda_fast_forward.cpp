@@ -24,7 +24,7 @@ void forward_chunk(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* o,
   const int64_t C = gm.C, Kp = gm.Dkp, Vp = gm.Dvp, Dv = gm.Dv, H = gm.H;
   const bool bf = gm.bf16;
   const int64_t t0 = c * C, n = std::min(C, gm.Tn - t0);
-  prep_chunk(gm, s, q, k, v, g, beta, h, t0, n, /*need_v=*/true, /*keep_factors=*/false);
+  prep_chunk(gm, s, q, k, v, g, beta, h, t0, n, /*prefetch_v=*/true, /*keep_factors=*/false);
   if (save) std::memcpy(ws.state_at(h, c), S, size_t(Kp * Vp) * 4);
   intra_chunk(gm, s);
   ut_transform(gm, s, s.Akk);
@@ -35,12 +35,21 @@ void forward_chunk(const Geom& gm, Scratch& s, KDAWorkspace::Impl& ws, float* o,
   // P = [K E ; Q E] S: the state read by the keys (for R) and by the queries (for O).
   mm(s.P, Vp, a_op(bf, s.KQe, Kp, false, 2 * C, Kp, s.ha), b_op(bf, S, Vp, false, Kp, Vp, s.hb1), 2 * C, Vp, Kp,
      1.f, false);
-  // R = V - K E S;  V' = Tm R
+  // R = V - K E S;  V' = Tm R. V is read from v in place (prep_chunk prefetched its rows):
+  // a copy into the scratch cost 4 % of the forward. Padding rows and columns have V = 0.
   float* R = save ? ws.r_at(h, c) : s.R;
   float* Vq = save ? ws.vp_at(h, c) : s.Vp;
-  for (int64_t i = 0; i < C; ++i)
+  for (int64_t i = 0; i < C; ++i) {
+    const float* P = s.P + i * Vp;
+    float* Ri = R + i * Vp;
+    const int64_t nv = i < n ? Dv : 0;
+    if (nv) {
+      const float* vi = v + ((t0 + i) * H + h) * Dv;
 #pragma omp simd
-    for (int64_t j = 0; j < Vp; ++j) R[i * Vp + j] = s.V[i * Vp + j] - s.P[i * Vp + j];
+      for (int64_t j = 0; j < Dv; ++j) Ri[j] = vi[j] - P[j];
+    }
+    for (int64_t j = nv; j < Vp; ++j) Ri[j] = 0.f - P[j];
+  }
   mm(Vq, Vp, a_op(bf, s.Tm, C, false, C, C, s.ha), b_op(bf, R, Vp, false, C, Vp, s.hb2), C, Vp, C, 1.f, false,
      Tri::Lower);
   // O = Q E S + Aqk V'

@@ -64,7 +64,7 @@ Geom make_geom(int64_t Tn, int64_t H, int64_t Dk, int64_t Dv, double scale, cons
 // Per-thread scratch, carved from one allocation. Shapes in comments (rows x cols, row-major).
 struct Scratch {
   // chunk inputs and decay
-  float *Q, *K, *G, *V, *beta;  // Q = scale q, G = cumsum g: C x Dkp; V: C x Dvp; beta: C
+  float *Q, *K, *G, *beta;  // Q = scale q, G = cumsum g: C x Dkp; beta: C
   float *E, *Edl, *Ga, *El;     // e^G, e^(G_last - G), e^g (Safe path): C x Dkp; El: Dkp
   float *KQe, *Kd;              // [K E ; Q E]: 2C x Dkp; K e^(G_last - G): C x Dkp
   float *XQ, *Y, *Ex, *Ey;      // per block I: [X_I ; Qx_I] (32 x Dkp), Y, anchor factors: C x Dkp
@@ -143,9 +143,9 @@ inline void prefetch_floats(const float* p, int64_t n) {
 
 // Loads chunk rows [t0, t0 + n) of head h into the scratch (zero rows and columns as
 // padding, g = 0 there) and forms G, El, KQe, Kd, anchored XQ and Y (and Ga for the Safe
-// path). need_v: also load V. keep_factors: also keep E, Edl, Ex, Ey (the backward's).
+// path). prefetch_v: also prefetch the rows of v (the forward reads them right after). keep_factors: also keep E, Edl, Ex, Ey (the backward's).
 void prep_chunk(const Geom& gm, Scratch& s, const float* q, const float* k, const float* v, const float* g,
-                const float* beta, int64_t h, int64_t t0, int64_t n, bool need_v, bool keep_factors);
+                const float* beta, int64_t h, int64_t t0, int64_t n, bool prefetch_v, bool keep_factors);
 // Anchor rows of block I: row side rI, column side cI (index -1 means the chunk start, G = 0).
 inline int64_t anchor_row(const Geom& gm, int64_t I) { return gm.dense ? I * kTile + kTile / 2 : I * kTile - 1; }
 inline int64_t anchor_col(const Geom& gm, int64_t I) { return gm.dense ? I * kTile + kTile / 2 : I * kTile + kTile - 1; }
