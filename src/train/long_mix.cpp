@@ -36,7 +36,8 @@ void check_long_task_mix(const LongTaskMix& mix, const TextEncoder& enc, int64_t
 }
 
 bool mix_long_sample(const LongTaskMix& mix, const TextEncoder& enc, uint64_t seed, int64_t step, int64_t index,
-                     int64_t T, int32_t* out) {
+                     int64_t T, int32_t* out, float* weight) {
+  if (weight) std::fill(weight, weight + T, 1.f);
   if (!mix.active()) return false;
   const uint64_t h = mix64(mix64(mix64(seed ^ 0x6c6f6e67ull) + uint64_t(step)) + uint64_t(index));
   if (double(h >> 11) * 0x1.0p-53 >= mix.fraction) return false;
@@ -59,6 +60,13 @@ bool mix_long_sample(const LongTaskMix& mix, const TextEncoder& enc, uint64_t se
   const int64_t pad = std::max<int64_t>(0, (T + 1) - n);
   std::fill(out, out + pad, s.ids.front());
   std::copy(s.ids.begin() + skip, s.ids.end(), out + pad);
+  // Answer id at sample index p sits at out[p - skip + pad], predicted by target p - skip + pad - 1.
+  if (weight)
+    for (const LongQuery& q : s.queries)
+      for (size_t j = 0; j < q.answer.size(); ++j) {
+        const int64_t t = q.at + int64_t(j) - skip + pad - 1;
+        if (t >= 0 && t < T) weight[t] = float(mix.answer_weight);
+      }
   return true;
 }
 

@@ -47,7 +47,7 @@ void run_forward(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, Tra
 // Rows are independent (parallel); their losses are summed in order (deterministic).
 template <typename R>
 double cross_entropy(R* logits, const int32_t* targets, int64_t T, int64_t V, double scale, bool dlogits,
-                     std::vector<double>& row_loss, const uint8_t* mask = nullptr) {
+                     std::vector<double>& row_loss, const uint8_t* mask = nullptr, const float* weight = nullptr) {
   grow(row_loss, T);
 #pragma omp parallel for schedule(static) if (T * V > 65536)
   for (int64_t t = 0; t < T; ++t) {
@@ -61,11 +61,12 @@ double cross_entropy(R* logits, const int32_t* targets, int64_t T, int64_t V, do
     double z = 0;
     for (int64_t v = 0; v < V; ++v) z += double(std::exp(l[v] - mx));
     const double lse = double(mx) + std::log(z);
-    row_loss[size_t(t)] = lse - double(l[targets[t]]);
+    const double w = weight ? double(weight[t]) : 1.0;
+    row_loss[size_t(t)] = w * (lse - double(l[targets[t]]));
     if (dlogits) {
-      const R sh = R(lse);
-      for (int64_t v = 0; v < V; ++v) l[v] = R(scale) * std::exp(l[v] - sh);
-      l[targets[t]] -= R(scale);
+      const R sh = R(lse), sc = R(scale * w);
+      for (int64_t v = 0; v < V; ++v) l[v] = sc * std::exp(l[v] - sh);
+      l[targets[t]] -= sc;
     }
   }
   double sum = 0;
@@ -146,7 +147,7 @@ SequenceResult forward_backward_t(const K3ModelT<R>& model, const int32_t* token
   res.n_targets = scored_targets(opt, T);
   // loss = sum_t CE_t (+ aux); the logits buffer becomes grad_scale * dloss/dlogits.
   res.loss_sum = cross_entropy(s.logits.data(), tokens + 1, T, dm.V, grad_scale, /*dlogits=*/true, s.row_loss,
-                               opt.target_mask);
+                               opt.target_mask, opt.target_weight);
   const R* const* dscores = nullptr;
   if (opt.aux_alpha != 0.0) {
     // T * aux: the aux loss is a per-sequence mean, so it weighs like the mean CE (with the
@@ -166,7 +167,7 @@ SequenceResult forward_loss_t(const K3ModelT<R>& model, const int32_t* tokens, i
   run_forward(model, tokens, T, s, aux, kda_path, splice);
   SequenceResult res;
   res.n_targets = scored_targets(opt, T);
-  res.loss_sum = cross_entropy(s.logits.data(), tokens + 1, T, model.dims().V, 1.0, false, s.row_loss, opt.target_mask);
+  res.loss_sum = cross_entropy(s.logits.data(), tokens + 1, T, model.dims().V, 1.0, false, s.row_loss, opt.target_mask, opt.target_weight);
   if (aux) res.aux_loss = aux_losses(model, s, T, opt.aux_alpha, 1.0, false);
   return res;
 }

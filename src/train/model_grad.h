@@ -24,6 +24,10 @@ struct LossOptions {
   // [T] (optional): 0 = target t is not scored (no loss, no gradient): the positions that
   // predict an image token or a prompt; n_targets then counts the scored ones.
   const uint8_t* target_mask = nullptr;
+  // [T] (optional): target t's cross-entropy counts w_t times in the loss and its gradient
+  // (loss_sum = sum_t w_t CE_t): the answer tokens of a long-range task, which a predictable
+  // filler would otherwise outnumber 50 to 1 (train/long_mix.h answer_weight).
+  const float* target_weight = nullptr;
 };
 
 struct SequenceResult {

@@ -50,13 +50,14 @@ void positive(const std::string& path, const std::string& field, double v) {
 }
 
 LongTaskMix parse_long_task_mix(const json& j, const std::string& path, const std::string& field) {
-  if (!j.is_object()) fail_input(path, field, "expected an object {fraction, tasks, pairs, queries, hops}");
+  if (!j.is_object()) fail_input(path, field, "expected an object {fraction, tasks, pairs, queries, hops, answer_weight}");
   LongTaskMix m;
   Reader rd{j, path, field + ".", {}};
   rd.get("fraction", m.fraction);
   rd.get("pairs", m.pairs);
   rd.get("queries", m.queries);
   rd.get("hops", m.hops);
+  rd.get("answer_weight", m.answer_weight);
   rd.known.insert("tasks");
   rd.check_unknown();
   if (!(m.fraction > 0 && m.fraction <= 1)) fail_input(path, field + ".fraction", "must be in (0, 1]");
@@ -74,13 +75,16 @@ LongTaskMix parse_long_task_mix(const json& j, const std::string& path, const st
   if (m.pairs < 1) fail_input(path, field + ".pairs", "must be at least 1");
   if (m.queries < 1 || m.queries > m.pairs) fail_input(path, field + ".queries", "must be in [1, pairs]");
   if (m.hops < 1) fail_input(path, field + ".hops", "must be at least 1");
+  if (!(m.answer_weight > 0 && m.answer_weight <= 1000))
+    fail_input(path, field + ".answer_weight", "must be in (0, 1000]");
   return m;
 }
 
 json long_task_mix_json(const LongTaskMix& m) {
   json tasks = json::array();
   for (LongTask t : m.tasks) tasks.push_back(long_task_name(t));
-  return {{"fraction", m.fraction}, {"tasks", tasks}, {"pairs", m.pairs}, {"queries", m.queries}, {"hops", m.hops}};
+  return {{"fraction", m.fraction}, {"tasks", tasks}, {"pairs", m.pairs}, {"queries", m.queries}, {"hops", m.hops},
+          {"answer_weight", m.answer_weight}};
 }
 
 }  // namespace

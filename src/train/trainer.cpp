@@ -131,6 +131,7 @@ struct Trainer::Impl {
   int64_t total_steps = 0;
   std::unique_ptr<SequenceStream> stream;
   std::vector<int32_t> seqs;
+  std::vector<float> seq_weights, skip_weights;  // [nl, T] target weights (long tasks' answer_weight)
   std::vector<SequenceRouting> routing;
   std::vector<SequenceResult> results;
   std::vector<float> opt_state;
@@ -433,6 +434,8 @@ StepStats Trainer::Impl::train_step() {
 
   seqs.resize(size_t(nl * (T + 1)));
   skip_seq.resize(size_t(T + 1));
+  const bool weighted = sc.long_tasks.active() && sc.long_tasks.answer_weight != 1.0;
+  if (weighted) seq_weights.resize(size_t(nl * T)), skip_weights.resize(size_t(T));
   routing.resize(size_t(nl));
   results.resize(size_t(nl));
   std::vector<double> part(size_t(2 * nmicro * nl));  // per local sequence: loss_sum, aux_loss
@@ -440,13 +443,17 @@ StepStats Trainer::Impl::train_step() {
   const TextEncoder encode = [this](const std::string& text) { return vocab.encode(text); };
   for (int64_t mb = 0; mb < nmicro; ++mb) {
     for (int64_t s = 0; s < nseq; ++s) {
-      int32_t* seq = s >= first && s < first + nl ? seqs.data() + (s - first) * (T + 1) : skip_seq.data();
+      const bool mine = s >= first && s < first + nl;
+      int32_t* seq = mine ? seqs.data() + (s - first) * (T + 1) : skip_seq.data();
+      float* wt = !weighted ? nullptr : mine ? seq_weights.data() + (s - first) * T : skip_weights.data();
       stream->next(seq);  // advances even when replaced: the data position never depends on the mix
-      long_seqs += mix_long_sample(sc.long_tasks, encode, run.seed, st.step, mb * nseq + s, T, seq);
+      long_seqs += mix_long_sample(sc.long_tasks, encode, run.seed, st.step, mb * nseq + s, T, seq, wt);
     }
     for_each_sequence(nl, P, par, [&](int64_t s, int tid) {
+      LossOptions lo = loss_opt;
+      if (weighted) lo.target_weight = seq_weights.data() + s * T;
       results[size_t(s)] = forward_backward(*model, seqs.data() + s * (T + 1), T, scale, grads[size_t(tid)].data<float>(),
-                                            *scratch[size_t(tid)], loss_opt, balancer ? &routing[size_t(s)] : nullptr);
+                                            *scratch[size_t(tid)], lo, balancer ? &routing[size_t(s)] : nullptr);
     });
     for (int64_t s = 0; s < nl; ++s)
       part[size_t(2 * (mb * nl + s))] = results[size_t(s)].loss_sum, part[size_t(2 * (mb * nl + s) + 1)] = results[size_t(s)].aux_loss;

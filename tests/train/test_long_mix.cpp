@@ -129,15 +129,58 @@ TEST(LongMix, ReplacesItsFractionDeterministically) {
   EXPECT_NO_THROW(check_long_task_mix(mix, enc, T));
 }
 
+// answer_weight marks exactly the targets that predict a task's answer: for a passkey, the
+// weighted targets' tokens are the key, at the end of the sequence, and the key is the one
+// hidden in the evidence; an untouched sequence keeps weight 1 everywhere.
+TEST(LongMix, AnswerWeightMarksTheAnswerTargets) {
+  LongTaskMix mix;
+  mix.fraction = 0.5;
+  mix.tasks = {LongTask::passkey};
+  mix.answer_weight = 8;
+  const int64_t T = 300;
+  std::vector<int32_t> ids(T + 1);
+  std::vector<float> w(T);
+  int replaced = 0, kept = 0;
+  for (int64_t i = 0; i < 40; ++i) {
+    std::fill(w.begin(), w.end(), -1.f);
+    if (!mix_long_sample(mix, enc, 5, i, 0, T, ids.data(), w.data())) {
+      ++kept;
+      EXPECT_EQ(std::count(w.begin(), w.end(), 1.f), T);
+      continue;
+    }
+    ++replaced;
+    std::string key;
+    int64_t first = -1, n8 = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      ASSERT_TRUE(w[size_t(t)] == 1.f || w[size_t(t)] == 8.f) << t;
+      if (w[size_t(t)] != 8.f) continue;
+      if (first < 0) first = t;
+      ++n8;
+      key += dec(ids, size_t(t + 1), size_t(t + 2));
+    }
+    ASSERT_GT(n8, 0);
+    EXPECT_EQ(first + n8, T) << "the answer is one run of targets ending at the last";
+    const std::string text = dec(ids, 0, size_t(T + 1));
+    EXPECT_EQ(text.compare(text.size() - key.size(), key.size(), key), 0);
+    const std::string digits = key.substr(key.find_first_not_of(' '));
+    EXPECT_EQ(digits.find_first_not_of("0123456789."), std::string::npos) << key;
+    EXPECT_LT(text.find("The pass key is " + digits.substr(0, digits.find('.'))), text.size() - key.size()) << key;
+  }
+  EXPECT_GT(replaced, 5);
+  EXPECT_GT(kept, 5);
+}
+
 TEST(LongMix, RunFileStageFieldParsesNamesErrorsAndRoundTrips) {
   auto run = tiny_run();
-  run["stages"][1]["long_tasks"] = {{"fraction", 0.25}, {"tasks", {"passkey", "mixed"}}, {"pairs", 4}, {"queries", 2}};
+  run["stages"][1]["long_tasks"] = {{"fraction", 0.25}, {"tasks", {"passkey", "mixed"}}, {"pairs", 4}, {"queries", 2},
+                                      {"answer_weight", 12.5}};
   const RunConfig r = parse_run_config(run.dump(), "/tmp/run.json");
   EXPECT_FALSE(r.stages[0].long_tasks.active());
   ASSERT_TRUE(r.stages[1].long_tasks.active());
   EXPECT_EQ(r.stages[1].long_tasks.fraction, 0.25);
   EXPECT_EQ(r.stages[1].long_tasks.tasks, (std::vector<LongTask>{LongTask::passkey, LongTask::mixed}));
   EXPECT_EQ(r.stages[1].long_tasks.pairs, 4);
+  EXPECT_EQ(r.stages[1].long_tasks.answer_weight, 12.5);
   const RunConfig back = parse_run_config(run_config_to_json(r), "/tmp/run.json");
   EXPECT_EQ(run_config_to_json(back), run_config_to_json(r));
   EXPECT_EQ(back.stages[1].long_tasks.tasks, r.stages[1].long_tasks.tasks);
@@ -155,6 +198,8 @@ TEST(LongMix, RunFileStageFieldParsesNamesErrorsAndRoundTrips) {
   EXPECT_NE(bad({{"fraction", 0.5}, {"tasks", {"mqar"}}, {"pairs", 2}, {"queries", 3}}).find("long_tasks.queries"),
             std::string::npos);
   EXPECT_NE(bad({{"fraction", 0.5}, {"tasks", {"mqar"}}, {"share", 1}}).find("long_tasks.share"), std::string::npos);
+  EXPECT_NE(bad({{"fraction", 0.5}, {"tasks", {"passkey"}}, {"answer_weight", 0}}).find("long_tasks.answer_weight"),
+            std::string::npos);
   EXPECT_NE(bad("half").find("stages[1].long_tasks"), std::string::npos);
 }
 

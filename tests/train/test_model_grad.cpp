@@ -367,6 +367,43 @@ TEST(ModelGrad, AccumulatesScalesAndExportsRouting) {
   }
 }
 
+// Target weights (LossOptions::target_weight): the loss and the gradient are linear in the
+// per-target weights, so weights {0, 1, 3} give the 1-targets' masked run plus 3 times the
+// 3-targets' masked run (the weight-0 targets contribute nothing).
+TEST(ModelGrad, TargetWeightsScaleEachTargetsLossAndGradient) {
+  const OneThread one;
+  const K3Config c = grad_config();
+  const K3Model m(grad_store(c, 4));
+  const std::vector<int32_t> tok = make_tokens(kT + 1, c.vocab_size, 21);
+  TrainScratch s;
+  const int64_t n = m.weights().layout().total_floats();
+  std::vector<float> w(static_cast<size_t>(kT));
+  std::vector<uint8_t> ones(static_cast<size_t>(kT)), threes(static_cast<size_t>(kT));
+  for (int64_t t = 0; t < kT; ++t) {
+    w[size_t(t)] = float(t % 3 == 0 ? 0 : t % 3 == 1 ? 1 : 3);
+    ones[size_t(t)] = w[size_t(t)] == 1.f, threes[size_t(t)] = w[size_t(t)] == 3.f;
+  }
+  std::vector<float> gw(size_t(n), 0.f), g1 = gw, g3 = gw;
+  LossOptions ow;
+  ow.target_weight = w.data();
+  LossOptions o1, o3;
+  o1.target_mask = ones.data(), o3.target_mask = threes.data();
+  const double lw = forward_backward(m, tok.data(), kT, 1.0, gw.data(), s, ow, nullptr).loss_sum;
+  const double l1 = forward_backward(m, tok.data(), kT, 1.0, g1.data(), s, o1, nullptr).loss_sum;
+  const double l3 = forward_backward(m, tok.data(), kT, 1.0, g3.data(), s, o3, nullptr).loss_sum;
+  EXPECT_NEAR(lw, l1 + 3 * l3, 1e-6 * lw);
+  std::vector<float> want(static_cast<size_t>(n));
+  for (size_t j = 0; j < want.size(); ++j) want[j] = g1[j] + 3 * g3[j];
+  EXPECT_LT(test::rel_rms(gw.data(), want.data(), n), 1e-5);
+  // All weights 1 is the unweighted run, bit for bit.
+  std::fill(w.begin(), w.end(), 1.f);
+  std::vector<float> ga(size_t(n), 0.f), gb = ga;
+  const double la = forward_backward(m, tok.data(), kT, 1.0, ga.data(), s, ow, nullptr).loss_sum;
+  const double lb = forward_backward(m, tok.data(), kT, 1.0, gb.data(), s, LossOptions{}, nullptr).loss_sum;
+  EXPECT_EQ(la, lb);
+  EXPECT_EQ(ga, gb);
+}
+
 TEST(ModelGrad, BadTargetIsAnError) {
   const OneThread one;
   const K3Config c = grad_config();
