@@ -85,18 +85,24 @@ def main():
         present = [r for r in runs if task in data[r]]
         if not present:
             continue
-        lengths = data[present[0]][task]["lengths"]
+        # Runs may have been evaluated at different lengths: the columns are their union.
+        lengths = sorted({L for r in present for L in data[r][task]["lengths"]})
+        train_len = data[present[0]]["m"].get("seq_len", lengths[0])
         md += ["", f"## {label}", "",
-               "| run | " + " | ".join(f"{fmt_len(L)} ({L / data[r]['m'].get('seq_len', L):g}x)" for L in lengths) +
-               " | breaks at |", "|---|" + "---|" * (len(lengths) + 1)]
+               "| run | samples | " + " | ".join(f"{fmt_len(L)} ({L / train_len:g}x)" for L in lengths) +
+               " | breaks at |", "|---|---|" + "---|" * (len(lengths) + 1)]
         for r in present:
+            own = data[r][task]["lengths"]
             acc = mean_over_depths(data[r][task]["accuracy"])
-            curves.setdefault(task, []).append((r, lengths, acc))
-            b = breaks_at(lengths, acc, data[r]["m"].get("seq_len"))
-            md.append(f"| {r} | " + " | ".join(f"{a:.2f}" for a in acc) + f" | {fmt_len(b) if b else '-'} |")
+            by_len = dict(zip(own, acc))
+            curves.setdefault(task, []).append((r, own, acc))
+            b = breaks_at(own, acc, data[r]["m"].get("seq_len"))
+            md.append(f"| {r} | {data[r][task].get('samples', '?')} | " +
+                      " | ".join(f"{by_len[L]:.2f}" if L in by_len else "-" for L in lengths) +
+                      f" | {fmt_len(b) if b else '-'} |")
         md.append("")
-        md.append(f"{data[present[0]][task].get('samples', '?')} samples per cell; 'breaks at': the first length "
-                  "past the training length where accuracy falls below half its 1x value (- : never, or 0 at 1x).")
+        md.append("'samples': per cell; 'breaks at': the first length past the training length where accuracy "
+                  "falls below half its 1x value (- : never, or 0 at 1x); '-' in a column: not evaluated.")
     lp = [r for r in runs if "loss-by-position" in data[r]]
     if lp:
         md += ["", "## Held-out loss by position (nats, the longest sequence; 256-token buckets)", ""]
