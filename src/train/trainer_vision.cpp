@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "train/train_state.h"
 
 namespace k3 {
 
@@ -34,6 +35,7 @@ VisionTrainPart::VisionTrainPart(const RunConfig& run, const K3Config& cfg, cons
     scratch_.push_back(std::make_unique<VisionScratchT<float>>());
   }
   for (const std::string& n : run.vision.tasks) tasks_.push_back(parse_vision_task(n, run.path));
+  if (run_.vision.task_weights.size() != tasks_.size()) run_.vision.task_weights.assign(tasks_.size(), 1);
   data_ = std::make_unique<VisionDataSource>(run.vision.fashion_dir, run.vision.unifont, run.seed);
 }
 
@@ -106,8 +108,15 @@ int64_t VisionTrainPart::prepare(int64_t n) {
   items_.clear();
   int64_t targets = 0;
   for (int64_t i = 0; i < n; ++i, ++cursor_) {
-    const VisionTask task = tasks_[size_t(cursor_ % int64_t(tasks_.size()))];
-    const int64_t index = cursor_ / int64_t(tasks_.size());
+    // A cycle of sum(task_weights) examples, each task's share in a row; index = the example's
+    // number within its task (equal weights: tasks in turn, as before weights existed).
+    const std::vector<int64_t>& w = run_.vision.task_weights;
+    int64_t cycle = 0;
+    for (int64_t x : w) cycle += x;
+    int64_t k = cursor_ % cycle, t = 0;
+    while (k >= w[size_t(t)]) k -= w[size_t(t)], ++t;
+    const VisionTask task = tasks_[size_t(t)];
+    const int64_t index = cursor_ / cycle * w[size_t(t)] + k;
     items_.push_back(make_item(data_->example(task, false, index), nullptr, false));
     for (uint8_t m : items_.back().mask) targets += m;
   }
@@ -205,6 +214,8 @@ json VisionTrainPart::evaluate(const K3Model& model, const std::string& path) {
 void VisionTrainPart::load(const std::string& dir) {
   load_vision_params(params_.data(), layout_, CheckpointReader::open(dir));
 }
+
+std::string VisionTrainPart::params_hash() const { return content_hash(params_.data(), params_.size() * sizeof(float)); }
 
 void VisionTrainPart::save(const std::string& dir) const {
   SafetensorsWriter w;

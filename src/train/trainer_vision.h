@@ -46,6 +46,10 @@ class VisionTrainPart {
   std::pair<double, int64_t> take_encoder_time();
   void save(const std::string& dir) const;  // vision.safetensors (released names, f32)
   void load(const std::string& dir);        // a checkpoint's encoder (shapes checked)
+  // Exact resume: the training example stream's position and the parameters' content hash.
+  int64_t cursor() const { return cursor_; }
+  void set_cursor(int64_t c) { cursor_ = c; }
+  std::string params_hash() const;
   void set_eval_examples(int64_t n) { run_.vision.eval_examples = n; }
   int64_t parameter_count() const;
 
