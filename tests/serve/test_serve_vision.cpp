@@ -135,9 +135,12 @@ TEST(ServeVision, ImagePartReplyEqualsGenerateImage) {
 
   // generate --image on the same rendered prompt ids (one <|media_pad|>, which it expands).
   const std::vector<int32_t> ids = vocab().encode(k3::chat::render(k3::chat::parse_request(body)));
-  std::string ids_arg, stop_arg;
-  for (int32_t t : ids) ids_arg += (ids_arg.empty() ? "" : ",") + std::to_string(t);
-  for (int32_t t : vocab().stop_ids()) stop_arg += (stop_arg.empty() ? "" : ",") + std::to_string(t);
+  auto join = [](const std::vector<int32_t>& v) {  // appended piece by piece (GCC 12's -Wrestrict misfires on a + b)
+    std::string s;
+    for (int32_t t : v) s.append(s.empty() ? "" : ",").append(std::to_string(t));
+    return s;
+  };
+  const std::string ids_arg = join(ids), stop_arg = join(vocab().stop_ids());
   const k3::test::RunResult g =
       k3::test::run_k3cpp("generate " + kModel + " --ids " + ids_arg + " --image " + tmp.sub("a.png") +
                           " --max-tokens 8 --ids-out --stop " + stop_arg);
