@@ -17,6 +17,16 @@ namespace k3 {
 
 using json = nlohmann::json;
 
+std::pair<size_t, int64_t> vision_example_at(int64_t n, const std::vector<int64_t>& weights) {
+  int64_t cycle = 0;
+  for (int64_t w : weights) cycle += w;
+  K3_ASSERT(cycle > 0, "vision_example_at: no task weights");
+  int64_t k = n % cycle;
+  size_t t = 0;
+  while (k >= weights[t]) k -= weights[t], ++t;
+  return {t, n / cycle * weights[t] + k};
+}
+
 VisionTrainPart::VisionTrainPart(const RunConfig& run, const K3Config& cfg, const Vocabulary& vocab, int threads,
                                  uint64_t init_seed)
     : run_(run), vocab_(vocab) {
@@ -108,15 +118,8 @@ int64_t VisionTrainPart::prepare(int64_t n) {
   items_.clear();
   int64_t targets = 0;
   for (int64_t i = 0; i < n; ++i, ++cursor_) {
-    // A cycle of sum(task_weights) examples, each task's share in a row; index = the example's
-    // number within its task (equal weights: tasks in turn, as before weights existed).
-    const std::vector<int64_t>& w = run_.vision.task_weights;
-    int64_t cycle = 0;
-    for (int64_t x : w) cycle += x;
-    int64_t k = cursor_ % cycle, t = 0;
-    while (k >= w[size_t(t)]) k -= w[size_t(t)], ++t;
-    const VisionTask task = tasks_[size_t(t)];
-    const int64_t index = cursor_ / cycle * w[size_t(t)] + k;
+    const auto [slot, index] = vision_example_at(cursor_, run_.vision.task_weights);
+    const VisionTask task = tasks_[slot];
     items_.push_back(make_item(data_->example(task, false, index), nullptr, false));
     for (uint8_t m : items_.back().mask) targets += m;
   }

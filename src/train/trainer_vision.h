@@ -22,6 +22,12 @@
 
 namespace k3 {
 
+// Which training example the stream's n-th position holds: (task slot, index within that
+// task). A cycle of sum(weights) positions gives task 0 its weights[0] positions first, then
+// task 1, ...; so each task's indices run 0, 1, 2, ... without gaps or repeats, and equal
+// weights put the tasks in turn.
+std::pair<size_t, int64_t> vision_example_at(int64_t n, const std::vector<int64_t>& weights);
+
 class VisionTrainPart {
  public:
   // k3::Error naming the model config when it has no vision_config or no usable
