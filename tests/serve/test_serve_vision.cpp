@@ -8,7 +8,8 @@
 //    image behind the same text only up to the image;
 //  - bad input, each an OpenAI error object and the server keeps serving: an http(s) URL
 //    (not fetched), a data URL without base64, bad base64, bytes that are no image, an image
-//    over the pixel limit (413), a model without vision_config (400).
+//    over the pixel limit (413), a body over 8 MiB (413), a model without vision_config (400);
+//  - n = 2 with an image: both choices give the greedy reply.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -156,6 +157,15 @@ TEST(ServeVision, ImagePartReplyEqualsGenerateImage) {
   EXPECT_GE(served.size(), generated.size());
   EXPECT_LE(served.size(), generated.size() + 1);
 
+  // n = 2: both choices share the image rows and give the greedy reply.
+  Json two = body;
+  two["n"] = 2;
+  const auto pair = live.post(two);
+  ASSERT_EQ(pair.first, 200) << pair.second.dump();
+  ASSERT_EQ(pair.second["choices"].size(), 2u);
+  EXPECT_EQ(pair.second["choices"][0]["message"], reply["choices"][0]["message"]);
+  EXPECT_EQ(pair.second["choices"][1]["message"], reply["choices"][0]["message"]);
+
   // The same pixels as a PPM: the same reply.
   const auto ppm = live.post(image_request(data_url(file_bytes(tmp.sub("a.ppm")), "image/x-portable-pixmap")));
   ASSERT_EQ(ppm.first, 200) << ppm.second.dump();
@@ -185,6 +195,10 @@ TEST(ServeVision, BadImagesAreOpenAIErrorsAndTheServerKeepsServing) {
                "PNG");
   expect_error(live.post(image_request(data_url(file_bytes(tmp.sub("big.png"))))), 413, "image_too_large",
                "more than the limit of 1000");
+  // A body over the 8 MiB limit (a 9 MiB data URL): 413 before anything is parsed.
+  const auto huge = live.post(image_request("data:image/png;base64," + std::string(9 << 20, 'A')));
+  EXPECT_EQ(huge.first, 413) << huge.second.dump();
+  EXPECT_TRUE(huge.second.contains("error")) << huge.second.dump();
   const auto ok = live.post(image_request(data_url(file_bytes(tmp.sub("ok.png")))));
   EXPECT_EQ(ok.first, 200) << ok.second.dump();
 }
