@@ -93,9 +93,9 @@ void content(Out& o, const std::vector<std::string>& parts) {
 }
 
 // A user message's parts with its images in place: each image one <|media_pad|> control
-// segment (never text, so no user text can spell one). K3's own wrapping of an image in the
-// prompt (Kimi-VL's <|media_begin|> ... <|media_end|>) is not public; this is the bare
-// placeholder the training data and `generate --image` use.
+// segment (never text, so no user text can spell one). How K3's template wraps an image
+// (its vocabulary has <|media_begin|> / <|media_content|> / <|media_end|>) was not verified;
+// this is the bare placeholder the training data and `generate --image` use.
 void user_content(Out& o, const Message& m) {
   size_t next = 0;
   for (size_t i = 0; i <= m.content.size(); ++i) {
