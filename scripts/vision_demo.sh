@@ -4,7 +4,8 @@
 # rendered scenes and rendered arithmetic), evaluates each task with its blind baselines, trains
 # the text-only control (configs/train-vision-demo-text-only.json: same text tokens and seeds),
 # and prints the report (tools/vision_report.py). From the step times in docs/vision.md about
-# 20-25 minutes on 2 idle cores (estimated: the measured run shared a loaded machine and took 45).
+# 20-25 minutes on 2 idle cores (estimated; the measured joint run took 27 min on a loaded machine,
+# the text-only control 46).
 #   bash scripts/vision_demo.sh [OUT]     (default OUT: /tmp/k3-vision-demo; replaced)
 set -euo pipefail
 cd "$(dirname "$0")/.."

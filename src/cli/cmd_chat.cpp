@@ -1,6 +1,6 @@
 // `k3cpp chat <model dir> [--system TEXT] [--effort low|high|max] [--no-think] [--tools FILE]
 //             [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
-//             [--threads N] [--no-color]`
+//             [--threads N] [--no-color] [--image FILE]`
 // A terminal chat in K3's XTML format (io/chat_render.h) with its tiktoken vocabulary
 // (tiktoken.model + tokenizer_config.json beside the checkpoint, io/tiktoken.h). Each turn
 // renders the conversation, and only the segments after what the session already holds are
@@ -9,7 +9,10 @@
 // the output parser (io/chat_parse.h): reasoning dimmed on a terminal, then the answer, tool
 // calls as one line each; tokens/s per turn on stderr. Ctrl-C stops the generation and keeps
 // the session; Ctrl-D (end of input) ends the chat. With --prompt, or with input that is not
-// a terminal, each line is one user turn (scripts).
+// a terminal, each line is one user turn (scripts). Images (a model with a vision_config):
+// --image FILE attaches one to the first user turn, and a line `/image FILE` attaches one to
+// the next; each renders as a <|media_pad|> before the turn's text, expanded to the image's
+// tokens and spliced in from the encoder (infer/image_prompt.h, as `generate --image`).
 #include <signal.h>
 #include <unistd.h>
 
@@ -27,11 +30,13 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "infer/chat_vocab.h"
+#include "infer/image_prompt.h"
 #include "infer/sampler.h"
 #include "infer/session.h"
 #include "io/chat_json.h"
 #include "io/chat_parse.h"
 #include "io/chat_render.h"
+#include "io/image.h"
 #include "io/stream_decoder.h"
 #include "io/tiktoken.h"
 #include "cli/ram_budget.h"
@@ -54,7 +59,7 @@ chat::Message text_message(chat::Role role, const std::string& text) {
 const char* kUsage =
     "usage: k3cpp chat <model dir> [--system TEXT] [--effort low|high|max] [--no-think] [--tools FILE]\n"
     "                  [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
-    "                  [--seed S] [--threads N] [--no-color]\n"
+    "                  [--seed S] [--threads N] [--no-color] [--image FILE]\n"
     "  --system       a system message first\n"
     "  --effort       thinking effort announced to the model (default max)\n"
     "  --no-think     thinking off (the reply opens the response directly)\n"
@@ -63,6 +68,8 @@ const char* kUsage =
     "  --max-tokens   tokens per reply (default 512)\n"
     "  --temperature  0 is greedy (default 0.6); top-k / top-p / seed as in generate\n"
     "  --no-color     no dimmed reasoning even on a terminal\n"
+    "  --image FILE   a PNG or PGM/PPM image attached to the first user turn (a model with a vision_config);\n"
+    "                 in the chat, a line '/image FILE' attaches one to the next turn\n"
     "The model directory needs tiktoken.model (and tokenizer_config.json) beside config.json.\n";
 
 std::atomic<bool> g_interrupted{false};
@@ -114,7 +121,8 @@ struct Printer {
 int cmd_chat(const std::vector<std::string>& args) {
   Args a(args,
          with_ram_budget_options(
-             {"system", "effort", "tools", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "threads"}),
+             {"system", "effort", "tools", "prompt", "max-tokens", "temperature", "top-k", "top-p", "seed", "threads",
+              "image"}),
          {"no-think", "no-color", "help"}, "chat");
   if (a.flag("help")) {
     std::fputs((std::string(kUsage) + kRamBudgetUsage).c_str(), stdout);
@@ -170,6 +178,20 @@ int cmd_chat(const std::vector<std::string>& args) {
   Session session(model);
   Sampler sampler(so);
 
+  // Images: the encoder is read on first use (a model without vision_config is refused then).
+  std::optional<VisionModel> vis;
+  std::vector<Image> images;        // every image of the conversation, in order
+  std::vector<size_t> pending;      // indices into images for the next user turn
+  auto attach = [&](const std::string& path) {
+    if (!vis) vis = load_vision_model(dir, md.config, md.config_path);
+    Image img = load_image(path);
+    std::fprintf(stderr, "[image %s: %lldx%lld pixels, %lld tokens; attached to the next message]\n", path.c_str(),
+                 (long long)img.height, (long long)img.width, (long long)image_token_count(*vis, img));
+    images.push_back(std::move(img));
+    pending.push_back(images.size() - 1);
+  };
+  if (const auto f = a.get("image")) attach(*f);  // before the first turn: a bad file fails the command
+
   struct sigaction sa {};
   sa.sa_handler = on_sigint;
   sa.sa_flags = SA_RESTART;  // a Ctrl-C at the prompt does not end the input
@@ -191,17 +213,48 @@ int cmd_chat(const std::vector<std::string>& args) {
   };
   while (next_line()) {
     if (line.empty()) continue;
+    if (line.rfind("/image", 0) == 0 && (line.size() == 6 || line[6] == ' ')) {
+      const size_t b = line.find_first_not_of(' ', 6);
+      if (b == std::string::npos) {
+        std::fprintf(stderr, "k3cpp chat: usage: /image FILE (attaches the image to the next message)\n");
+        continue;
+      }
+      try {
+        attach(line.substr(b));
+      } catch (const k3::Error& e) {  // the chat goes on; the image is not attached
+        std::fprintf(stderr, "k3cpp chat: %s\n", e.what());
+      }
+      continue;
+    }
     ++turn;
-    conv.messages.push_back(text_message(chat::Role::user, line));
+    chat::Message user = text_message(chat::Role::user, line);
+    std::vector<size_t> turn_images;
+    for (size_t k : pending) {
+      chat::ImagePart part;
+      part.before = 0;  // the image first, then the text (as generate --image and the training data)
+      part.url = "image " + std::to_string(k + 1);
+      user.images.push_back(part);
+      turn_images.push_back(k);
+    }
+    pending.clear();
+    conv.messages.push_back(std::move(user));
     conv.options.add_generation_prompt = true;
     const std::vector<chat::Segment> full = chat::render(conv);
     std::vector<int32_t> ids;
+    std::vector<const Image*> in_ids;  // the images whose placeholders `ids` holds
     if (is_prefix(held, full)) {
       ids = encode(std::vector<chat::Segment>(full.begin() + int64_t(held.size()), full.end()));
+      for (size_t k : turn_images) in_ids.push_back(&images[k]);
     } else {  // the history renders differently (should not happen): start the session over
       std::fprintf(stderr, "k3cpp chat: the history no longer renders as its prefix; re-reading it\n");
       session.reset();
       ids = encode(full);
+      for (const Image& img : images) in_ids.push_back(&img);
+    }
+    std::optional<ImagePrompt> ip;
+    if (!in_ids.empty()) {
+      ip = expand_image_prompt(*vis, ids, in_ids, "chat");
+      ids = ip->ids;
     }
     const int64_t cached = session.position();
     if (cached + int64_t(ids.size()) + max_tokens > md.config.max_position_embeddings &&
@@ -209,7 +262,9 @@ int cmd_chat(const std::vector<std::string>& args) {
       std::fprintf(stderr, "k3cpp chat: note: %lld tokens in the session pass max_position_embeddings %lld\n",
                    (long long)(cached + int64_t(ids.size())), (long long)md.config.max_position_embeddings);
     const auto t0 = std::chrono::steady_clock::now();
-    const float* logits = session.prefill(ids);
+    const EmbedSpliceT<float> splice{ip ? vis->media_id : -1, ip ? ip->rows.data() : nullptr, ip ? ip->image_tokens : 0,
+                                     nullptr};
+    const float* logits = session.prefill(ids.data(), int64_t(ids.size()), ip ? &splice : nullptr);
     const double t_prefill = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     chat::ParserOptions po;

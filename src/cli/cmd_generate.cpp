@@ -24,6 +24,7 @@
 #include "infer/sampler.h"
 #include "infer/session.h"
 #include "infer/speculative.h"
+#include "infer/image_prompt.h"
 #include "io/image.h"
 #include "model/vision_encoder.h"
 #include "cli/ram_budget.h"
@@ -152,15 +153,13 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (auto img_path = a.get("image")) {
     vis = load_vision_model(dir, md.config, md.config_path);
     const Image img = load_image(*img_path);
-    VisionBatch<float> batch;
-    append_image(batch, vis->dims, img.rgb.data(), img.height, img.width);
-    image_tokens = batch.token_count(vis->dims);
-    image_rows.resize(size_t(image_tokens * vis->dims.text_width));
+    const ImageGrid grid = image_grid(vis->dims, img.height, img.width);
     const auto tv = std::chrono::steady_clock::now();
-    vision_forward<float>(image_rows.data(), nullptr, vis->params.data(), vis->layout, vis->dims, batch);
+    image_rows = encode_image(*vis, img);  // infer/image_prompt.h: the path chat and serve share
+    image_tokens = int64_t(image_rows.size()) / vis->dims.text_width;
     std::fprintf(stderr, "generate: image %s: %lldx%lld pixels -> %lldx%lld patches -> %lld tokens (encoder %.3f s)\n",
-                 img_path->c_str(), (long long)img.height, (long long)img.width, (long long)batch.grids[0].h,
-                 (long long)batch.grids[0].w, (long long)image_tokens, seconds_since(tv));
+                 img_path->c_str(), (long long)img.height, (long long)img.width, (long long)grid.h, (long long)grid.w,
+                 (long long)image_tokens, seconds_since(tv));
     std::vector<int32_t> expanded;
     int placeholders = 0;
     for (int32_t t : ids) placeholders += t == vis->media_id;

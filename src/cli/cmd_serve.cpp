@@ -26,6 +26,7 @@ const char* kUsage =
     "usage: k3cpp serve <model dir> [--host 127.0.0.1] [--port 8080] [--parallel N] [--ctx N]\n"
     "                   [--api-key KEY] [--threads N] [--queue-limit N] [--state-budget-mb N]\n"
     "                   [--prefill-chunk N] [--no-prefix-cache] [--drain-s S] [--model-name NAME]\n"
+    "                   [--max-image-pixels N]\n"
     "                   [--ram-budget GB [--cache-policy s3fifo|lru] [--io auto|direct|buffered] [--disk-gbps X]]\n"
     "  --host             address to bind (default 127.0.0.1, loopback only)\n"
     "  --port             TCP port (default 8080; 0 picks a free one, printed on stdout)\n"
@@ -39,6 +40,7 @@ const char* kUsage =
     "  --no-prefix-cache  do not keep prompt-state snapshots\n"
     "  --drain-s          on SIGTERM/SIGINT, seconds running requests may take to finish (default 30)\n"
     "  --model-name       the id /v1/models reports (default: the directory's name)\n"
+    "  --max-image-pixels image parts with more pixels are refused with 413 (default 1048576)\n"
     "Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,\n"
     "GET /metrics, POST /tokenize, POST /detokenize, GET / (a chat page). docs/serving.md.\n";
 
@@ -47,7 +49,7 @@ const char* kUsage =
 int cmd_serve(const std::vector<std::string>& args) {
   Args a(args,
          with_ram_budget_options({"host", "port", "parallel", "ctx", "api-key", "threads", "queue-limit",
-                                  "state-budget-mb", "prefill-chunk", "drain-s", "model-name"}),
+                                  "state-budget-mb", "prefill-chunk", "drain-s", "model-name", "max-image-pixels"}),
          {"no-prefix-cache", "help"}, "serve");
   if (a.flag("help")) {
     std::fputs(kUsage, stdout);
@@ -63,6 +65,8 @@ int cmd_serve(const std::vector<std::string>& args) {
   so.port = int(port);
   so.api_key = a.get_or("api-key", "");
   so.model_name = a.get_or("model-name", "");
+  so.max_image_pixels = a.get_int("max-image-pixels", so.max_image_pixels);
+  if (so.max_image_pixels < 1) fail("--max-image-pixels must be >= 1");
   EngineOptions eo;
   eo.parallel = a.get_int("parallel", 8);
   eo.ctx = a.get_int("ctx", 4096);

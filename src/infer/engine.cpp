@@ -87,6 +87,8 @@ struct Slot {
   bool done = false;
   std::vector<float> row;             // this sequence's logits, masked by its constraint
   bool prefilling() const { return st.n_tokens < int64_t(req.prompt.size()); }
+  // What the prefix cache matches: the image-hash key when the prompt has images.
+  const int32_t* key() const { return req.cache_key.empty() ? req.prompt.data() : req.cache_key.data(); }
 };
 
 }  // namespace
@@ -245,7 +247,7 @@ struct Engine::Impl {
       s->st.reserve(opt.ctx, model.dims());
       const int64_t P = int64_t(s->req.prompt.size());
       // At least the last prompt token is computed: its logits give the first token.
-      if (opt.prefix_cache) s->node = cache.restore(s->req.prompt.data(), P - 1, s->st);
+      if (opt.prefix_cache) s->node = cache.restore(s->key(), P - 1, s->st);
       s->cached = s->st.n_tokens;
       waiting.pop_front();
       ++stats.requests_total;
@@ -266,13 +268,21 @@ struct Engine::Impl {
     ForwardOptions fo;
     fo.mode = MixerMode::Prefill;
     fo.last_only = true;
-    model.forward(prefill_logits.data(), s.req.prompt.data() + p, e - p, s.st, prefill_scratch, fo);
+    // Image rows of this chunk: those of the media positions in [p, e), after the ones before p.
+    EmbedSpliceT<float> splice;
+    if (s.req.media_rows) {
+      const int32_t* ids = s.req.prompt.data();
+      const int64_t before = std::count(ids, ids + p, s.req.media_id), in = std::count(ids + p, ids + e, s.req.media_id);
+      splice = {s.req.media_id, s.req.media_rows->data() + before * model.dims().d, in, nullptr};
+    }
+    model.forward(prefill_logits.data(), s.req.prompt.data() + p, e - p, s.st, prefill_scratch, fo, nullptr,
+                  s.req.media_rows ? &splice : nullptr);
     if (s.node && e % C == 0) {
       // A snapshot must fit the budget beside the slots; older unpinned ones make room, and
       // when they cannot, this request stops taking snapshots.
       const int64_t room = stats_budget() - int64_t(running.size()) * slot_bytes - node_bytes;
       if (cache.bytes() <= room || cache.shrink_to(room)) {
-        s.node = cache.extend(s.node, s.req.prompt.data() + e - C, s.st);
+        s.node = cache.extend(s.node, s.key() + e - C, s.st);
       } else {
         cache.unpin(s.node);
         s.node = nullptr;
@@ -409,6 +419,15 @@ std::shared_ptr<RequestHandle> Engine::submit(GenerationRequest req) {
     fail("the prompt (" + std::to_string(P) + " tokens) plus max_tokens (" + std::to_string(req.max_tokens) +
          ") exceeds the context of " + std::to_string(opt_.ctx) + " tokens");
   if (req.top_logprobs > 20) fail("top_logprobs must be <= 20");
+  if (req.media_rows) {
+    const int64_t n = int64_t(std::count(req.prompt.begin(), req.prompt.end(), req.media_id));
+    if (int64_t(req.media_rows->size()) != n * model_.dims().d)
+      fail("the prompt has " + std::to_string(n) + " image token(s) but the image rows hold " +
+           std::to_string(req.media_rows->size()) + " values (hidden size " + std::to_string(model_.dims().d) + ")");
+  }
+  if (!req.cache_key.empty() && int64_t(req.cache_key.size()) != P)
+    fail("the prefix-cache key has " + std::to_string(req.cache_key.size()) + " entries for a prompt of " +
+         std::to_string(P));
   for (int32_t t : req.stop_tokens)
     if (t < 0 || t >= V) fail("stop token " + std::to_string(t) + " is outside the vocabulary");
   auto h = std::make_shared<RequestHandle>();

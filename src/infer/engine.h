@@ -48,6 +48,13 @@ struct GenerationRequest {
   std::vector<int32_t> stop_tokens;  // sampling one ends the sequence (finish "stop"); it is emitted
   int top_logprobs = -1;             // -1: no logprobs; 0..20: the chosen token's + the n best
   std::shared_ptr<LogitConstraint> constraint;  // optional
+  // Images (infer/image_prompt.h): the encoder's rows [n, hidden] for the prompt's media_id
+  // positions in order (n = their count), shared by a request's choices, and the prefix-cache
+  // key (the prompt with image tokens replaced by hashes of their images; same length), so
+  // two different images behind the same text never share a cached state.
+  int32_t media_id = -1;
+  std::shared_ptr<const std::vector<float>> media_rows;
+  std::vector<int32_t> cache_key;
 };
 
 // One event of a request's stream. Token events carry id (and logprobs when asked); the last

@@ -42,7 +42,10 @@ std::optional<std::string> opt_id(const Json& obj, const char* key, const std::s
   fail_input(src, field, "expected a string id, got " + kind(v));
 }
 
-std::vector<std::string> parse_content(const Json& msg, const std::string& src, const std::string& at) {
+// Text parts, and image parts (user messages only) in OpenAI's shape: {"type": "image_url",
+// "image_url": {"url": "..."}} (or the url as a bare string); the URL is checked by the caller.
+std::vector<std::string> parse_content(const Json& msg, const std::string& src, const std::string& at, bool images_ok,
+                                       std::vector<ImagePart>* images) {
   std::vector<std::string> parts;
   if (!has(msg, "content") || msg.at("content").is_null()) return parts;
   const Json& c = msg.at("content");
@@ -57,10 +60,35 @@ std::vector<std::string> parse_content(const Json& msg, const std::string& src, 
     if (!p.is_object()) fail_input(src, f, "expected a content part object, got " + kind(p));
     const auto type = opt_string(p, "type", src, f + ".type");
     if (!type) fail_input(src, f + ".type", "required field is missing");
-    if (*type == "image" || *type == "image_url") {
-      fail_input(src, f + ".type", "image parts are not supported (text only)");
+    if (*type == "image_url") {
+      if (!images_ok) fail_input(src, f + ".type", "image parts are accepted in user messages only");
+      if (!has(p, "image_url") || p.at("image_url").is_null())
+        fail_input(src, f + ".image_url", "required field is missing");
+      const Json& iu = p.at("image_url");
+      ImagePart img;
+      img.before = parts.size();
+      if (iu.is_string()) {
+        img.url = iu.get<std::string>();
+        img.field = f + ".image_url";
+      } else if (iu.is_object()) {
+        const auto url = opt_string(iu, "url", src, f + ".image_url.url");
+        if (!url) fail_input(src, f + ".image_url.url", "required field is missing");
+        if (const auto d = opt_string(iu, "detail", src, f + ".image_url.detail");
+            d && *d != "auto" && *d != "low" && *d != "high")
+          fail_input(src, f + ".image_url.detail", "expected auto, low or high, got '" + *d + "'");
+        img.url = *url;
+        img.field = f + ".image_url.url";
+      } else {
+        fail_input(src, f + ".image_url", "expected an object {\"url\": ...}, got " + kind(iu));
+      }
+      images->push_back(std::move(img));
+      continue;
     }
-    if (*type != "text") fail_input(src, f + ".type", "unknown content part type '" + *type + "' (expected text)");
+    if (*type == "image" || *type == "input_image")
+      fail_input(src, f + ".type", "unsupported part type '" + *type + "': send images as {\"type\": \"image_url\", "
+                                   "\"image_url\": {\"url\": \"data:image/png;base64,...\"}}");
+    if (*type != "text")
+      fail_input(src, f + ".type", "unknown content part type '" + *type + "' (expected text or image_url)");
     const auto text = opt_string(p, "text", src, f + ".text");
     if (!text) fail_input(src, f + ".text", "required field is missing");
     parts.push_back(*text);
@@ -111,7 +139,7 @@ Message parse_message(const Json& m, const std::string& src, const std::string& 
   else if (*role == "tool") msg.role = Role::tool;
   else fail_input(src, at + ".role", "unknown role '" + *role + "' (expected system, user, assistant or tool)");
 
-  msg.content = parse_content(m, src, at);
+  msg.content = parse_content(m, src, at, msg.role == Role::user, &msg.images);
   if (msg.role != Role::tool) msg.name = opt_string(m, "name", src, at + ".name").value_or("");
 
   if (msg.role == Role::system && has(m, "tools") && !m.at("tools").is_null()) {

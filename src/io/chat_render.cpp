@@ -92,6 +92,19 @@ void content(Out& o, const std::vector<std::string>& parts) {
   for (const auto& p : parts) o.text(p);
 }
 
+// A user message's parts with its images in place: each image one <|media_pad|> control
+// segment (never text, so no user text can spell one). How K3's template wraps an image
+// (its vocabulary has <|media_begin|> / <|media_content|> / <|media_end|>) was not verified;
+// this is the bare placeholder the training data and `generate --image` use.
+void user_content(Out& o, const Message& m) {
+  size_t next = 0;
+  for (size_t i = 0; i <= m.content.size(); ++i) {
+    while (next < m.images.size() && m.images[next].before == i) o.control(kMediaPad), ++next;
+    if (i < m.content.size()) o.text(m.content[i]);
+  }
+  while (next < m.images.size()) o.control(kMediaPad), ++next;
+}
+
 // _xtml_type of a JSON value.
 const char* xtml_type(const Json& v) {
   if (v.is_boolean()) return "boolean";
@@ -224,7 +237,7 @@ std::vector<Segment> render(const Conversation& conv) {
     switch (m.role) {
       case Role::user:
         open_message(o, "user", m.name);
-        content(o, m.content);
+        user_content(o, m);
         o.close("message");
         o.end_of_msg();
         break;

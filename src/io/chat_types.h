@@ -16,6 +16,10 @@ using Json = nlohmann::ordered_json;
 
 enum class Role { system, user, assistant, tool };
 
+// The placeholder an image part renders as (K3's `<|media_pad|>`, the config's
+// media_placeholder_token_id), expanded to the image's tokens before the prompt runs.
+inline constexpr const char* kMediaPad = "<|media_pad|>";
+
 struct ToolCall {
   std::optional<std::string> id;  // OpenAI tool_calls[].id, matched by tool results
   std::string name;               // function.name
@@ -25,11 +29,22 @@ struct ToolCall {
   std::optional<std::string> json_block;
 };
 
+// An image content part (user messages): where it sits among the text parts and its source
+// as given (an OpenAI image_url.url; the CLI: a file). It renders as one `<|media_pad|>`
+// control segment, which the caller expands to the image's tokens (infer/image_prompt.h).
+struct ImagePart {
+  size_t before = 0;  // the number of text parts that precede it in the message
+  std::string url;    // image_url.url (a data: URL for the server), or a file name
+  std::string field;  // the request field, for errors ("messages[1].content[0].image_url.url")
+  bool operator==(const ImagePart&) const = default;
+};
+
 struct Message {
   Role role = Role::user;
   // Content parts in order (a string content is one part). Each part becomes its own text
   // segment, so parts are never merged: BPE does not merge across segments.
   std::vector<std::string> content;
+  std::vector<ImagePart> images;      // user messages: image parts, in order
   std::string name;                   // optional `name` attribute (user, system, assistant)
   std::optional<std::string> reasoning;  // assistant reasoning_content (or reasoning)
   std::vector<ToolCall> tool_calls;      // assistant

@@ -22,12 +22,20 @@ std::string read_all(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
-Image decode_png(const std::string& path, const std::string& bytes) {
+void check_pixels(const std::string& path, int64_t height, int64_t width, int64_t max_pixels) {
+  if (max_pixels > 0 && height * width > max_pixels)
+    throw ImageTooLarge(path + ": the image is " + std::to_string(width) + " x " + std::to_string(height) + " = " +
+                        std::to_string(height * width) + " pixels, more than the limit of " +
+                        std::to_string(max_pixels));
+}
+
+Image decode_png(const std::string& path, const std::string& bytes, int64_t max_pixels) {
   png_image im;
   std::memset(&im, 0, sizeof im);
   im.version = PNG_IMAGE_VERSION;
   if (!png_image_begin_read_from_memory(&im, bytes.data(), bytes.size()))
     fail_input(path, "", std::string("not a readable PNG: ") + im.message);
+  check_pixels(path, int64_t(im.height), int64_t(im.width), max_pixels);
   im.format = PNG_FORMAT_RGB;  // libpng converts grey, palette, alpha and 16-bit to 8-bit RGB
   std::vector<uint8_t> buf(PNG_IMAGE_SIZE(im));
   if (!png_image_finish_read(&im, nullptr, buf.data(), 0, nullptr)) {
@@ -46,7 +54,7 @@ Image decode_png(const std::string& path, const std::string& bytes) {
 
 // Netpbm header: magic, width, height, maxval, separated by whitespace and # comments, then
 // one whitespace byte before the raster.
-Image decode_pnm(const std::string& path, const std::string& b) {
+Image decode_pnm(const std::string& path, const std::string& b, int64_t max_pixels) {
   const bool colour = b[1] == '6';
   size_t i = 2;
   auto number = [&](const char* what) {
@@ -70,6 +78,7 @@ Image decode_pnm(const std::string& path, const std::string& b) {
   ++i;  // the single whitespace byte
   const int64_t ch = colour ? 3 : 1, bps = maxval > 255 ? 2 : 1, hw = out.height * out.width;
   if (out.width > 1 << 15 || out.height > 1 << 15) fail_input(path, "", "image larger than 32768 pixels on a side");
+  check_pixels(path, out.height, out.width, max_pixels);
   if (int64_t(b.size()) - int64_t(i) < hw * ch * bps)
     fail_input(path, "", "truncated: the raster needs " + std::to_string(hw * ch * bps) + " bytes, the file has " +
                              std::to_string(int64_t(b.size()) - int64_t(i)));
@@ -105,11 +114,13 @@ uint32_t be32(const std::string& s, size_t at) {
 
 }  // namespace
 
-Image load_image(const std::string& path) {
-  const std::string b = read_all(path);
-  if (b.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(b.data()), 0, 8) == 0) return decode_png(path, b);
-  if (b.size() >= 2 && b[0] == 'P' && (b[1] == '5' || b[1] == '6')) return decode_pnm(path, b);
-  fail_input(path, "", "not a PNG or binary PGM/PPM (P5/P6) image");
+Image load_image(const std::string& path) { return decode_image(read_all(path), path); }
+
+Image decode_image(const std::string& b, const std::string& what, int64_t max_pixels) {
+  if (b.size() >= 8 && png_sig_cmp(reinterpret_cast<png_const_bytep>(b.data()), 0, 8) == 0)
+    return decode_png(what, b, max_pixels);
+  if (b.size() >= 2 && b[0] == 'P' && (b[1] == '5' || b[1] == '6')) return decode_pnm(what, b, max_pixels);
+  fail_input(what, "", "not a PNG or binary PGM/PPM (P5/P6) image");
 }
 
 void save_image(const std::string& path, const Image& img) {

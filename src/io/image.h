@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace k3 {
 
 struct Image {
@@ -16,6 +18,14 @@ struct Image {
 };
 
 Image load_image(const std::string& path);  // by content: PNG signature, else "P5" / "P6"
+// The same from bytes in memory (`what` names them in errors, e.g. a request field). An image
+// of more than `max_pixels` pixels (0: no limit beyond PGM/PPM's 32768 a side) is refused
+// before its raster is decoded: ImageTooLarge, so a server can answer 413 to a small PNG that
+// would inflate to gigabytes.
+Image decode_image(const std::string& bytes, const std::string& what, int64_t max_pixels = 0);
+struct ImageTooLarge : Error {
+  using Error::Error;
+};
 // 8-bit PNG (RGB) or PPM (P6), chosen by the extension ".png" / otherwise; atomic.
 void save_image(const std::string& path, const Image& img);
 

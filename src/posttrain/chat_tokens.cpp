@@ -20,6 +20,10 @@ std::vector<chat::Segment> segment_suffix(const std::vector<chat::Segment>& pref
 }
 
 ChatSequence tokenize_conversation(const chat::Conversation& conv, const ChatVocab& vocab, const std::string& source) {
+  // Image parts would render as bare placeholders with no encoder behind them.
+  for (const chat::Message& m : conv.messages)
+    if (!m.images.empty())
+      fail_input(source, m.images[0].field, "image parts are not supported in post-training conversations (text only)");
   chat::Conversation full = conv;
   full.options.add_generation_prompt = false;
   const std::vector<chat::Segment> all = chat::render(full);

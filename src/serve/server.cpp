@@ -15,10 +15,12 @@
 #include "core/error.h"
 #include "infer/chat_json_constraint.h"
 #include "infer/chat_vocab.h"
+#include "infer/image_prompt.h"
 #include "infer/json_schema.h"
 #include "io/chat_render.h"
 #include "serve/api_error.h"
 #include "serve/chat_page.h"
+#include "serve/image_parts.h"
 #include "serve/choice.h"
 #include "serve/metrics.h"
 #include "serve/request.h"
@@ -63,6 +65,7 @@ struct Server::Impl {
   std::shared_ptr<const JsonVocab> json_vocab;  // response_format: each id's bytes as a trie
   K3ChatJsonIds json_ids;
   std::unique_ptr<InferenceModel> model;  // the model and, under a RAM budget, its expert stream
+  std::unique_ptr<VisionModel> vision;    // the encoder, when config.json has a vision_config
   std::unique_ptr<Engine> engine;
   std::string load_error;
   std::string model_name;
@@ -503,12 +506,34 @@ void Server::Impl::chat_completions(const httplib::Request& req, httplib::Respon
   std::shared_lock<std::shared_mutex> lk(mu);
   Engine& eng = need_engine();
   const ChatVocab& v = *vocab;
+  // Image parts: decoded and checked before anything runs; their tokens must leave room in the
+  // context before the encoder is started.
+  const RequestImages images = decode_request_images(plan.conv, vision != nullptr, opt.max_image_pixels);
+  int64_t image_tokens = 0;
+  for (const Image& img : images.images) image_tokens += image_token_count(*vision, img);
+  if (image_tokens >= eopt.ctx)
+    throw ApiError(400,
+                   "the images need " + std::to_string(image_tokens) + " tokens, beyond the context of " +
+                       std::to_string(eopt.ctx) + " tokens",
+                   "messages", "context_length_exceeded");
   std::vector<int32_t> ids;
   try {
     ids = v.encode(chat::render(plan.conv));
   } catch (const k3::Error& e) {
     std::string msg = e.what();
     throw ApiError(400, msg, msg.rfind("conversation: ", 0) == 0 ? msg.substr(14, msg.find(": ", 14) - 14) : "");
+  }
+  std::shared_ptr<const std::vector<float>> media_rows;
+  std::vector<int32_t> cache_key;
+  if (!images.images.empty()) {
+    // Each image's <|media_pad|> expanded to its tokens, exactly as `generate --image` does.
+    if (!v.control(chat::kMediaPad) || *v.control(chat::kMediaPad) != vision->media_id)
+      throw ApiError(400, "the vocabulary's <|media_pad|> is not the config's media_placeholder_token_id " +
+                              std::to_string(vision->media_id), "messages", "model_has_no_vision");
+    ImagePrompt ip = expand_image_prompt(*vision, ids, images.ptrs(), "messages");
+    ids = std::move(ip.ids);
+    cache_key = std::move(ip.cache_key);
+    media_rows = std::make_shared<const std::vector<float>>(std::move(ip.rows));
   }
   const int64_t max_tokens = resolve_max_tokens(plan.params, int64_t(ids.size()), eopt.ctx);
   // response_format json_object / json_schema: every choice gets its own constraint (they are
@@ -540,6 +565,8 @@ void Server::Impl::chat_completions(const httplib::Request& req, httplib::Respon
   }
   job->finish.assign(size_t(plan.params.n), "");
   std::vector<GenerationRequest> reqs = make_requests(plan.params, ids, max_tokens, v.stop_ids());
+  if (media_rows)
+    for (GenerationRequest& r : reqs) r.media_id = vision->media_id, r.media_rows = media_rows, r.cache_key = cache_key;
   if (grammar)
     for (GenerationRequest& r : reqs)
       r.constraint = std::make_shared<ChatJsonConstraint>(
@@ -630,9 +657,13 @@ void Server::load(const std::string& model_dir, const LoadOptions& lo, const Str
       if (impl_->model_name.empty()) impl_->model_name = std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
     }
     auto model = std::make_unique<InferenceModel>(load_inference_model(md, lo, so, disk_bytes_per_s));
+    std::unique_ptr<VisionModel> vision;
+    if (md.config.vision.present)
+      vision = std::make_unique<VisionModel>(load_vision_model(model_dir, md.config, md.config_path));
     auto engine = std::make_unique<Engine>(model->model, impl_->eopt);
     std::unique_lock<std::shared_mutex> lk(impl_->mu);
     impl_->model = std::move(model);
+    impl_->vision = std::move(vision);
     impl_->engine = std::move(engine);
     impl_->ready = true;
   } catch (const k3::Error& e) {

@@ -37,6 +37,7 @@ struct ServerOptions {
   int http_threads = 0;                     // 0: parallel + queue_limit + 8 (each stream holds one)
   std::string model_name;                   // /v1/models id ("" -> the model directory's name)
   std::chrono::milliseconds keepalive{2000};  // SSE comment after this much silence in a stream
+  int64_t max_image_pixels = int64_t(1) << 20;  // an image part with more pixels: 413
 };
 
 class Server {

@@ -1,5 +1,6 @@
 #include "train/run_config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -177,6 +178,7 @@ RunConfig parse_run_config(const std::string& text, const std::string& path) {
     vr.get("fashion_dir", v.fashion_dir);
     vr.get("unifont", v.unifont);
     vr.known.insert("tasks");
+    vr.known.insert("task_weights");
     vr.known.insert("comment");
     vr.check_unknown();
     if (!vj.contains("tasks") || !vj["tasks"].is_array() || vj["tasks"].empty())
@@ -187,6 +189,19 @@ RunConfig parse_run_config(const std::string& text, const std::string& path) {
       if (n != "fashion" && n != "scenes" && n != "arithmetic")
         fail_input(path, "vision.tasks", "unknown task \"" + n + "\" (expected fashion, scenes or arithmetic)");
       v.tasks.push_back(n);
+    }
+    if (vj.contains("task_weights")) {
+      const json& w = vj["task_weights"];
+      if (!w.is_array() || w.size() != v.tasks.size())
+        fail_input(path, "vision.task_weights", "expected an array with one positive integer per task (" +
+                                                    std::to_string(v.tasks.size()) + ")");
+      for (const json& x : w) {
+        if (!x.is_number_integer() || x.get<int64_t>() < 1 || x.get<int64_t>() > 1000)
+          fail_input(path, "vision.task_weights", "expected integers from 1 to 1000, got " + x.dump());
+        v.task_weights.push_back(x.get<int64_t>());
+      }
+    } else {
+      v.task_weights.assign(v.tasks.size(), 1);
     }
     if (v.examples_per_micro_batch < 1) fail_input(path, "vision.examples_per_micro_batch", "must be at least 1");
     if (v.eval_examples < 0) fail_input(path, "vision.eval_examples", "must be 0 (all) or positive");
@@ -316,6 +331,10 @@ std::string run_config_to_json(const RunConfig& r) {
     j["vision"] = {{"tasks", r.vision.tasks}, {"examples_per_micro_batch", r.vision.examples_per_micro_batch},
                    {"eval_examples", r.vision.eval_examples}, {"fashion_dir", r.vision.fashion_dir},
                    {"unifont", r.vision.unifont}};
+  // Written only when they are not all 1, so a run without them keeps its fingerprint.
+  if (r.vision.enabled &&
+      std::any_of(r.vision.task_weights.begin(), r.vision.task_weights.end(), [](int64_t w) { return w != 1; }))
+    j["vision"]["task_weights"] = r.vision.task_weights;
   return j.dump(2) + "\n";
 }
 

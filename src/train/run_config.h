@@ -52,6 +52,7 @@ struct TokenizerConfig {
 struct VisionRunConfig {
   bool enabled = false;
   std::vector<std::string> tasks;
+  std::vector<int64_t> task_weights;  // per task, >= 1: its share of the training examples (default all 1)
   int64_t examples_per_micro_batch = 8;
   int64_t eval_examples = 1000;
   std::string fashion_dir = "/usr/share/datasets/fashion-mnist";

@@ -163,6 +163,10 @@ void save_train_state(const std::string& path, const TrainState& st, const std::
   j["corpus_hash"] = st.corpus_hash;
   j["weights_hash"] = st.weights_hash;
   j["optimizer_hash"] = content_hash(opt_state.data(), opt_state.size() * sizeof(float));
+  if (!st.vision_hash.empty()) {
+    j["vision_cursor"] = st.vision_cursor;
+    j["vision_hash"] = st.vision_hash;
+  }
   SafetensorsWriter w;
   w.set_metadata(kMetaKey, j.dump());
   w.add(kOptTensor, Tensor::view_of(DType::F32, {int64_t(opt_state.size())}, const_cast<float*>(opt_state.data()), nullptr));
@@ -220,6 +224,10 @@ TrainState load_train_state(const std::string& path, std::vector<float>& opt_sta
   st.corpus_hash = get_str("corpus_hash");
   st.weights_hash = get_str("weights_hash");
   st.optimizer_hash = get_str("optimizer_hash");
+  if (j.contains("vision_hash")) {
+    st.vision_cursor = get_int("vision_cursor");
+    st.vision_hash = get_str("vision_hash");
+  }
   const json& stages = need("stages");
   if (!stages.is_array()) fail_input(path, std::string(kMetaKey) + ".stages", "expected an array");
   try {

@@ -7,7 +7,9 @@
 //    and step within it, data stream position (epoch, cursor), tokens seen, optimiser step
 //    count, training seconds), the seed, the per-stage summaries, the run's fingerprint (the
 //    canonical JSON of every run field that shapes the trajectory, the model config, a hash
-//    of the tokenised corpus) and content hashes of the optimiser state and of the weights.
+//    of the tokenised corpus) and content hashes of the optimiser state and of the weights;
+//    a run with images adds the image-text stream position and the encoder's hash (the
+//    encoder's moments follow the text model's in "optimizer.state").
 // The router biases that the balancer owns are model weights (e_score_correction_bias), so
 // they travel in the weights. Balancer statistics are reset after every step, so nothing
 // else is needed between steps.
@@ -57,6 +59,10 @@ struct TrainState {
   // Content hashes, checked on load.
   std::string weights_hash;  // hex of the f32 weight buffer
   std::string optimizer_hash;
+  // A run with images (run file "vision"): the image-text example stream's position and the
+  // content hash of the encoder's f32 parameters (vision.safetensors). Absent in text runs.
+  int64_t vision_cursor = 0;
+  std::string vision_hash;
 };
 
 // 64-bit content hash of a byte range (fixed, portable; not cryptographic), as 16 hex digits.

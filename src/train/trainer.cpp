@@ -246,9 +246,15 @@ void Trainer::Impl::setup() {
     fail_input(run.path, "vision", "data parallelism (--dp) of a run with images is not supported yet (every rank would "
                "train every image-text example)");
   if (run.vision.enabled) {
-    if (opt.resume)
-      fail_input(run.path, "vision", "--resume of a run with images is not supported yet (start it again)");
     vision = std::make_unique<VisionTrainPart>(run, cfg, vocab, P, run.init_seed >= 0 ? uint64_t(run.init_seed) : run.seed);
+    if (opt.resume) {  // the encoder as saved (f32: bitwise), and where its example stream stopped
+      vision->load(ckpt_dir);
+      if (vision->params_hash() != st.vision_hash)
+        fail_input((fs::path(ckpt_dir) / "vision.safetensors").string(), "",
+                   "content hash " + vision->params_hash() + " does not match the " + st.vision_hash +
+                       " recorded in train_state.safetensors (corrupted or replaced encoder)");
+      vision->set_cursor(st.vision_cursor);
+    }
   }
   const int64_t total = model->weights().size();
   for (int t = 0; t < P; ++t) {
@@ -372,13 +378,24 @@ void Trainer::Impl::load_checkpoint(const K3Config& cfg) {
   const std::string tsp = (fs::path(ckpt_dir) / "train_state.safetensors").string();
   const ModelDir md = open_model_dir(ckpt_dir);
   if (!is_file(tsp)) fail_input(tsp, "", "missing: " + ckpt_dir + " is not a complete training checkpoint");
+  // Images on one side only: said before the optimiser state's size would be.
+  const bool has_vision = is_file((fs::path(ckpt_dir) / "vision.safetensors").string());
+  if (run.vision.enabled != has_vision)
+    fail_input(tsp, "", has_vision ? "the checkpoint was trained with images (vision.safetensors) but the run file " +
+                                         run.path + " has no \"vision\"; the checkpoint was left as it is"
+                                   : "the checkpoint was trained without images but the run file " + run.path +
+                                         " has \"vision\"; the checkpoint was left as it is");
   int64_t expect = 0;
   {
     const ParamLayout lay(cfg, ExpertStorage::Plain);
     for (const ParamSpec& s : lay.specs())
       if (s.name.find("gate.e_score_correction_bias") == std::string::npos) expect += 2 * s.numel();
+    // A run with images: the encoder's moments follow (every encoder tensor is trained).
+    if (run.vision.enabled) expect += 2 * VisionLayout(resolve_vision_dims(cfg, run.model_config)).total;
   }
   st = load_train_state(tsp, opt_state, expect);
+  if (run.vision.enabled && st.vision_hash.empty())
+    fail_input(tsp, "vision_hash", "missing: the checkpoint holds an encoder but no record of its training state");
   st.model_json = model_record(st.model_json, tsp);
   const std::string diff = compare_fingerprint(st, run_fp, model_json, corpus_hash);
   if (!diff.empty())
@@ -715,6 +732,7 @@ void Trainer::Impl::save() {
   st.data_cursor = running ? stream->cursor() : 0;
   st.optimizer_steps = optim->steps();
   st.weights_hash = content_hash(model->weights().data(), size_t(model->weights().size()) * sizeof(float));
+  if (vision) st.vision_cursor = vision->cursor(), st.vision_hash = vision->params_hash();
   if (dp) dp->check_identical(st.weights_hash.data(), st.weights_hash.size(), "weights");
   optim->get_state(opt_state);
   if (zero) opt_state = dp->allgatherv(opt_state.data(), opt_state.size(), "checkpoint.optimizer_state");

@@ -11,10 +11,21 @@
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "train/train_state.h"
 
 namespace k3 {
 
 using json = nlohmann::json;
+
+std::pair<size_t, int64_t> vision_example_at(int64_t n, const std::vector<int64_t>& weights) {
+  int64_t cycle = 0;
+  for (int64_t w : weights) cycle += w;
+  K3_ASSERT(cycle > 0, "vision_example_at: no task weights");
+  int64_t k = n % cycle;
+  size_t t = 0;
+  while (k >= weights[t]) k -= weights[t], ++t;
+  return {t, n / cycle * weights[t] + k};
+}
 
 VisionTrainPart::VisionTrainPart(const RunConfig& run, const K3Config& cfg, const Vocabulary& vocab, int threads,
                                  uint64_t init_seed)
@@ -34,6 +45,7 @@ VisionTrainPart::VisionTrainPart(const RunConfig& run, const K3Config& cfg, cons
     scratch_.push_back(std::make_unique<VisionScratchT<float>>());
   }
   for (const std::string& n : run.vision.tasks) tasks_.push_back(parse_vision_task(n, run.path));
+  if (run_.vision.task_weights.size() != tasks_.size()) run_.vision.task_weights.assign(tasks_.size(), 1);
   data_ = std::make_unique<VisionDataSource>(run.vision.fashion_dir, run.vision.unifont, run.seed);
 }
 
@@ -106,8 +118,8 @@ int64_t VisionTrainPart::prepare(int64_t n) {
   items_.clear();
   int64_t targets = 0;
   for (int64_t i = 0; i < n; ++i, ++cursor_) {
-    const VisionTask task = tasks_[size_t(cursor_ % int64_t(tasks_.size()))];
-    const int64_t index = cursor_ / int64_t(tasks_.size());
+    const auto [slot, index] = vision_example_at(cursor_, run_.vision.task_weights);
+    const VisionTask task = tasks_[slot];
     items_.push_back(make_item(data_->example(task, false, index), nullptr, false));
     for (uint8_t m : items_.back().mask) targets += m;
   }
@@ -205,6 +217,8 @@ json VisionTrainPart::evaluate(const K3Model& model, const std::string& path) {
 void VisionTrainPart::load(const std::string& dir) {
   load_vision_params(params_.data(), layout_, CheckpointReader::open(dir));
 }
+
+std::string VisionTrainPart::params_hash() const { return content_hash(params_.data(), params_.size() * sizeof(float)); }
 
 void VisionTrainPart::save(const std::string& dir) const {
   SafetensorsWriter w;

@@ -22,6 +22,12 @@
 
 namespace k3 {
 
+// Which training example the stream's n-th position holds: (task slot, index within that
+// task). A cycle of sum(weights) positions gives task 0 its weights[0] positions first, then
+// task 1, ...; so each task's indices run 0, 1, 2, ... without gaps or repeats, and equal
+// weights put the tasks in turn.
+std::pair<size_t, int64_t> vision_example_at(int64_t n, const std::vector<int64_t>& weights);
+
 class VisionTrainPart {
  public:
   // k3::Error naming the model config when it has no vision_config or no usable
@@ -46,6 +52,10 @@ class VisionTrainPart {
   std::pair<double, int64_t> take_encoder_time();
   void save(const std::string& dir) const;  // vision.safetensors (released names, f32)
   void load(const std::string& dir);        // a checkpoint's encoder (shapes checked)
+  // Exact resume: the training example stream's position and the parameters' content hash.
+  int64_t cursor() const { return cursor_; }
+  void set_cursor(int64_t c) { cursor_ = c; }
+  std::string params_hash() const;
   void set_eval_examples(int64_t n) { run_.vision.eval_examples = n; }
   int64_t parameter_count() const;
 

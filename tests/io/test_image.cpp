@@ -92,3 +92,30 @@ TEST(Image, FashionMnistIdxFiles) {
   for (int c : count) EXPECT_EQ(c, 1000);  // the test set is balanced
   EXPECT_THROW(load_idx_labels(dir + "t10k-images-idx3-ubyte.gz"), Error);
 }
+
+TEST(Image, DecodeFromMemoryWithAPixelLimit) {
+  Image img;
+  img.height = 3, img.width = 5;
+  img.rgb.assign(45, 0.5f);
+  const std::string p = tmp("mem.png");
+  save_image(p, img);
+  std::ifstream f(p, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), {});
+  const Image back = decode_image(bytes, "req.image", 15);
+  EXPECT_EQ(back.height, 3);
+  EXPECT_EQ(back.width, 5);
+  try {
+    decode_image(bytes, "req.image", 14);
+    FAIL() << "the limit was not applied";
+  } catch (const ImageTooLarge& e) {
+    EXPECT_NE(std::string(e.what()).find("req.image: the image is 5 x 3 = 15 pixels"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(decode_image("P5\n20000 20000\n255\n", "req.image", 100), ImageTooLarge);
+  try {
+    decode_image("GIF89a", "req.image");
+    FAIL() << "a GIF was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("req.image: not a PNG or binary PGM/PPM"), std::string::npos) << e.what();
+  }
+  fs::remove(p);
+}

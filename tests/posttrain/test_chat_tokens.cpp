@@ -5,6 +5,7 @@
 
 #include "common/fixture.h"
 #include "core/error.h"
+#include "io/chat_json.h"
 #include "io/chat_render.h"
 #include "model/checkpoint.h"
 #include "posttrain/arith_task.h"
@@ -77,4 +78,19 @@ TEST(ChatTokens, ToolResultsAreMasked) {
 TEST(ChatTokens, RefusesConversationsWithoutAssistant) {
   chat::Conversation c = prompt_conversation(ArithProblem{1, 2, '+', 1}, chat::Effort::low, false);
   EXPECT_THROW(tokenize_conversation(c, vocab(), "test"), Error);
+}
+
+TEST(ChatTokens, RefusesImageParts) {
+  // Post-training has no encoder: an image part is refused, naming it, not rendered as a bare pad.
+  const chat::Conversation c = chat::parse_request_text(R"({"messages": [
+      {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}, {"type": "text", "text": "q"}]},
+      {"role": "assistant", "content": "a"}]})");
+  try {
+    tokenize_conversation(c, vocab(), "sft.jsonl:3");
+    FAIL() << "an image part was tokenized";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sft.jsonl:3: messages[0].content[0].image_url.url: image parts are not supported"),
+              std::string::npos)
+        << e.what();
+  }
 }

@@ -93,3 +93,17 @@ TEST(RunConfig, TokenizerField) {
   EXPECT_NE(err(R"({"kind": "train", "min_frequency": 0})").find("tokenizer.min_frequency"), std::string::npos);
   EXPECT_NE(err("7").find("tokenizer: expected"), std::string::npos);
 }
+
+// "vision.task_weights": one positive integer per task (default all 1, not written back then,
+// so runs without it keep their fingerprint); round trip; bad forms name the field.
+TEST(RunConfig, VisionTaskWeights) {
+  const std::string head = R"({"model": "m.json", "stages": [{"seq_len": 64, "tokens": 100}], "vision": {"tasks": ["scenes", "arithmetic"])";
+  RunConfig plain = parse_run_config(head + "}}", "/tmp/run.json");
+  EXPECT_EQ(plain.vision.task_weights, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(run_config_to_json(plain).find("task_weights"), std::string::npos);
+  RunConfig w = parse_run_config(head + R"(, "task_weights": [3, 1]}})", "/tmp/run.json");
+  EXPECT_EQ(w.vision.task_weights, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(parse_run_config(run_config_to_json(w), "/tmp/run.json").vision.task_weights, w.vision.task_weights);
+  for (const char* bad : {R"([3])", R"([3, 0])", R"([3, 1.5])", R"("3,1")"})
+    EXPECT_NE(expect_error(head + R"(, "task_weights": )" + bad + "}}").find("vision.task_weights"), std::string::npos) << bad;
+}

@@ -2,10 +2,12 @@
 // 8 x 16 with ink; scenes are deterministic, answer what they draw (the drawn colour is the
 // answer's, a count question draws that many separate shapes, left/right matches the ink);
 // Fashion-MNIST examples name their label; train and test streams differ.
+// The image-text stream with task weights: each task's examples in order, none repeated.
 #include <gtest/gtest.h>
 
 #include <set>
 
+#include "train/trainer_vision.h"
 #include "train/vision_data.h"
 
 using namespace k3;
@@ -65,4 +67,25 @@ TEST(VisionData, FashionAndArithmeticExamples) {
   const int s = std::stoi(a.answer);
   EXPECT_GE(s, 20);
   EXPECT_LE(s, 198);
+}
+
+TEST(VisionData, TaskWeightsShareTheStreamWithoutRepeats) {
+  // Equal weights: tasks in turn, index = position / tasks (the stream before weights existed).
+  for (int64_t n = 0; n < 30; ++n) {
+    const auto [slot, index] = vision_example_at(n, {1, 1, 1});
+    EXPECT_EQ(slot, size_t(n % 3));
+    EXPECT_EQ(index, n / 3);
+  }
+  // 4:1:1: per cycle of 6, four of task 0 then one of each other; every task's indices run
+  // 0, 1, 2, ... exactly once.
+  std::vector<std::vector<int64_t>> seen(3);
+  for (int64_t n = 0; n < 60; ++n) {
+    const auto [slot, index] = vision_example_at(n, {4, 1, 1});
+    EXPECT_EQ(slot, n % 6 < 4 ? 0u : n % 6 == 4 ? 1u : 2u) << n;
+    seen[slot].push_back(index);
+  }
+  ASSERT_EQ(seen[0].size(), 40u);
+  ASSERT_EQ(seen[1].size(), 10u);
+  for (const auto& s : seen)
+    for (size_t i = 0; i < s.size(); ++i) EXPECT_EQ(s[i], int64_t(i));
 }

@@ -5,7 +5,8 @@
 // client's ChatCompletionStream helper, which accumulates and validates the deltas itself);
 // tools (a declaration and a tool-result round trip); response_format json_object and
 // json_schema; a completion; n = 2; errors (a bad request is the client's BadRequestError, a
-// wrong key its AuthenticationError). Greedy requests must agree streamed and not. Then SIGTERM:
+// wrong key its AuthenticationError); an image content part (a 16 x 16 PPM as a base64 data URL,
+// the tiny model's random encoder: 4 image tokens) and an http image URL refused. Greedy requests must agree streamed and not. Then SIGTERM:
 // the server must exit 0. Any failed check exits 1.
 import OpenAI from "openai";
 import assert from "node:assert/strict";
@@ -146,6 +147,27 @@ try {
   assert.equal(two.choices.length, 2);
   assert.deepEqual(two.choices.map((c) => c.index), [0, 1]);
   ok("n = 2");
+
+  // An image part: the prompt grows by the image's tokens (one <|media_pad|> becomes 4).
+  const px = Buffer.alloc(16 * 16 * 3);
+  for (let i = 0; i < px.length; ++i) px[i] = (i * 37) % 256;
+  const ppm = Buffer.concat([Buffer.from("P6\n16 16\n255\n"), px]);
+  const imageMessages = (url) => [
+    { role: "user", content: [{ type: "image_url", image_url: { url } }, { type: "text", text: "What is this?" }] },
+  ];
+  const textOnly = await client.chat.completions.create({
+    model: id, messages: [{ role: "user", content: [{ type: "text", text: "What is this?" }] }], max_tokens: 4, temperature: 0,
+  });
+  const seen = await client.chat.completions.create({
+    model: id, messages: imageMessages("data:image/x-portable-pixmap;base64," + ppm.toString("base64")), max_tokens: 4, temperature: 0,
+  });
+  assert.equal(seen.object, "chat.completion");
+  assert.equal(seen.usage.prompt_tokens, textOnly.usage.prompt_tokens + 4);
+  await assert.rejects(
+    client.chat.completions.create({ model: id, messages: imageMessages("https://example.com/cat.png"), max_tokens: 4 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && /not fetched/.test(e.message) && /image_url/.test(e.param),
+  );
+  ok("image_url part: a data URL read (+4 prompt tokens), an https URL refused");
 
   await assert.rejects(
     client.chat.completions.create({ model: id, messages: [{ role: "wizard", content: "x" }] }),
