@@ -116,7 +116,10 @@ uint64_t working_bytes_estimate(const K3Config& c, int64_t tokens) {
                             c.num_experts);
   const double per_token = 4.0 * (15.0 * HD + mla + ffn + (4.0 + blocks) * double(c.hidden_size) + moe +
                                   double(c.vocab_size));
-  return uint64_t(1.1 * per_token * double(std::max<int64_t>(tokens, 1))) + (uint64_t(48) << 20);
+  int64_t tensors = 0;
+  for (const ParamSpec& s : k3_param_specs(c)) tensors += s.component == Component::RoutedExperts ? 2 : 1;
+  return uint64_t(1.1 * per_token * double(std::max<int64_t>(tokens, 1))) + (uint64_t(48) << 20) +
+         uint64_t(tensors) * 1400;
 }
 
 TrunkRingPlan trunk_ring_plan(const K3Config& c, int64_t slots) {

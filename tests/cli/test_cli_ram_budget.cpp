@@ -32,7 +32,7 @@ std::string make_model(const k3::test::TempDir& t) {
   c.kda_layers = {1, 3};
   c.moe_intermediate_size = 64;
   c.attn_res_block_size = 2;
-  c.vocab_size = 260;
+  c.vocab_size = 8192;
   const std::string cfg = t.sub("cfg.json"), dir = t.sub("m");
   write_text_file_atomic(cfg, config_to_hf_json(c));
   const RunResult r = k3cpp("init " + q(cfg) + " " + q(dir) + " --seed 5 --experts mxfp4 --dtype bf16");
@@ -41,12 +41,14 @@ std::string make_model(const k3::test::TempDir& t) {
 }
 
 // 13 layers 512 wide (configs/tiny.json otherwise), bf16: a trunk of ~12 MB against two
-// layers of ~1 MB, so a budget between the ring's minimum and the resident one exists.
+// layers of ~1 MB, so a budget between the ring's minimum and the resident one exists, and a
+// vocabulary of 8192 (an embedding and lm_head of 16.8 MB), so that at the minimum they are
+// streamed.
 std::string make_wide_model(const k3::test::TempDir& t) {
   K3Config c = load_config(std::string(K3_SOURCE_DIR) + "/configs/tiny.json");
   c.hidden_size = 512;
   c.moe_intermediate_size = 64;
-  c.vocab_size = 260;
+  c.vocab_size = 8192;
   const std::string cfg = t.sub("wide.json"), dir = t.sub("w");
   write_text_file_atomic(cfg, config_to_hf_json(c));
   const RunResult r = k3cpp("init " + q(cfg) + " " + q(dir) + " --seed 7 --experts mxfp4 --dtype bf16");
@@ -89,6 +91,15 @@ TEST(CliRamBudget, ABudgetBelowTheTrunkStreamsItAndEqualsTheResidentRun) {
   EXPECT_EQ(g1.out, g0.out);
   EXPECT_TRUE(has(g1.err, "trunk streamed through a ring of")) << g1.err;
   EXPECT_TRUE(has(g1.err, "generate: decode: 4 tokens") && has(g1.err, "trunk read ")) << g1.err;
+  // Just above the minimum (printed to 1 MB; holding the embedding and lm_head would need 8 MB
+  // more): they are streamed, and the logits still equal the resident run's.
+  std::snprintf(budget, sizeof budget, "%.4f", ring_min + 0.002);
+  const RunResult m = k3cpp(fwd + q(t.sub("m.f32")) + " --disk-gbps 1 --ram-budget " + budget);
+  ASSERT_EQ(m.rc, 0) << m.err;
+  EXPECT_EQ(slurp(t.sub("m.f32")), slurp(t.sub("res.f32")));
+  EXPECT_TRUE(has(m.err, "embedding and lm_head streamed")) << m.err;
+  EXPECT_TRUE(has(m.err, "head stream: 6 embedding rows read")) << m.err;
+  EXPECT_TRUE(has(m.err, "under")) << m.err;  // peak RssAnon against the budget
 }
 
 TEST(CliRamBudget, ForwardAndGenerateEqualTheResidentRun) {
