@@ -10,7 +10,8 @@
 namespace k3::cli {
 
 const std::vector<std::string>& ram_budget_options() {
-  static const std::vector<std::string> o = {"ram-budget", "cache-policy", "io", "disk-gbps", "trunk-slots"};
+  static const std::vector<std::string> o = {"ram-budget", "cache-policy", "io", "disk-gbps", "trunk-slots",
+                                                "head-block-rows"};
   return o;
 }
 
@@ -22,6 +23,8 @@ const char* kRamBudgetUsage =
     "  --cache-policy P    expert cache policy: s3fifo (default) or lru\n"
     "  --io MODE           expert and trunk reads: auto (O_DIRECT where allowed, default), direct, buffered\n"
     "  --trunk-slots N     stream the dense trunk through a ring of N slots even if it fits (measurements)\n"
+    "  --head-block-rows N stream the embedding and lm_head even if they fit, the logits computed in blocks\n"
+    "                      of N lm_head rows (measurements; more than 32 rows per call then round as blocked)\n"
     "  --disk-gbps X       disk bandwidth for the plan line (default: measured with a 256 MB O_DIRECT read)\n";
 
 std::vector<std::string> with_ram_budget_options(std::vector<std::string> options) {
@@ -45,12 +48,19 @@ BudgetArgs parse_budget_args(const Args& a, int64_t tokens_per_call) {
     b.stream.stream_trunk = true;
     b.stream.trunk_slots = n;
   }
+  if (a.get("head-block-rows")) {
+    const long long n = a.get_int("head-block-rows", 0);
+    if (n < 1) fail("--head-block-rows: expected a positive number of rows, got " + *a.get("head-block-rows"));
+    b.stream.stream_head = true;
+    b.stream.head_block_rows = n;
+  }
   if (a.get("ram-budget")) {
     const double gb = a.get_double("ram-budget", 0);
     if (!(gb > 0) || !std::isfinite(gb)) fail("--ram-budget: expected a positive number of GB, got " + *a.get("ram-budget"));
     b.budget = uint64_t(gb * 1e9);
-  } else if (a.get("cache-policy") || a.get("io") || a.get("disk-gbps") || a.get("trunk-slots")) {
-    fail("--cache-policy, --io, --disk-gbps and --trunk-slots apply only with --ram-budget");
+  } else if (a.get("cache-policy") || a.get("io") || a.get("disk-gbps") || a.get("trunk-slots") ||
+             a.get("head-block-rows")) {
+    fail("--cache-policy, --io, --disk-gbps, --trunk-slots and --head-block-rows apply only with --ram-budget");
   }
   return b;
 }

@@ -470,7 +470,7 @@ InferenceModel load_budgeted_model(const ModelDir& md, const LoadOptions& opt, c
   const HeadStreamPlan head_sizes = HeadStreamer::measure(ck, cfg, ho);
   StreamProjection plan = plan_streaming(cfg, opt.ram_budget_bytes, disk_bytes_per_s, so.tokens_per_call, trunk,
                                          slot_bytes, reserve, ring_sizes, head_sizes, so.stream_trunk, so.trunk_slots,
-                                         so.stream_head);
+                                         so.stream_head, so.trunk_pinned);
   if (!plan.fits) {
     const TrunkRingPlan& r = plan.ring;
     const HeadStreamPlan& h = plan.head;
@@ -508,6 +508,7 @@ InferenceModel load_budgeted_model(const ModelDir& md, const LoadOptions& opt, c
   }
   LoadOptions lo = opt;
   lo.stream_trunk = ring;
+  lo.pinned_layers = ring ? plan.ring.pinned : 0;
   lo.stream_head = head_streamed;
   WeightStore w = load_weights(ck, cfg, lo);
   // The trunk into owned memory: bf16 views of the mapping become copies, so no weight the
@@ -527,13 +528,14 @@ InferenceModel load_budgeted_model(const ModelDir& md, const LoadOptions& opt, c
   if (ring) {
     TrunkRingOptions to;
     to.slots = plan.ring.slots;
+    to.pinned = plan.ring.pinned;
     to.direct = so.io != IoMode::Buffered;
     to.require_direct = so.io == IoMode::Direct;
     to.dense_as_stored = opt.dense_as_stored;
     to.pread_hook = so.trunk_pread_hook;
     im.trunk = std::make_shared<TrunkRing>(ck, im.model.weights(), to);
     im.model.set_trunk_provider(im.trunk);
-    im.trunk->prefetch(0);  // the first call's first layer, read while the rest loads
+    im.trunk->prefetch(plan.ring.pinned);  // the first call's first streamed layer, read while the rest loads
   }
   if (head_streamed) {
     ho.block_rows = im.model.head_block_rows();
@@ -542,10 +544,13 @@ InferenceModel load_budgeted_model(const ModelDir& md, const LoadOptions& opt, c
   }
   im.stream = std::make_shared<ExpertStreamer>(ck, cfg, slots, so);
   im.model.set_expert_provider(im.stream);
-  im.trunk_note = (ring ? "dense trunk streamed: its layers' matrices through a ring of " +
+  const std::string pinned_note =
+      ring && plan.ring.pinned > 0 ? " (layers 0-" + std::to_string(plan.ring.pinned - 1) + " pinned: held, never read)"
+                                   : std::string();
+  im.trunk_note = (ring ? "dense trunk streamed: its layers' matrices" + pinned_note + " through a ring of " +
                               std::to_string(im.trunk->slots()) + " slot" + (im.trunk->slots() > 1 ? "s" : "") +
                               " x " + gb(double(im.trunk->slot_bytes())) + " (" + im.trunk->io_mode() +
-                              "), every layer read once per forward call (" + gb(double(plan.ring.pass_bytes)) +
+                              "), every streamed layer read once per forward call (" + gb(double(plan.ring.pass_bytes)) +
                               "), the rest held in owned memory (" + gb(double(im.trunk_bytes)) + ")"
                         : "dense trunk resident in owned memory (" + gb(double(im.trunk_bytes)) + ")") +
                   (head_streamed ? "; embedding and lm_head streamed: lm_head in " + std::to_string(im.head->blocks()) +

@@ -66,6 +66,7 @@ struct StreamOptions {
   // measurements); it is streamed anyway when it does not fit the budget.
   bool stream_trunk = false;
   int64_t trunk_slots = 0;  // > 0: exactly this many ring slots; 0: two, or one if two do not fit
+  int64_t trunk_pinned = -1;  // >= 0: exactly this many leading layers pinned with a ring; -1: as many as fit
   std::function<ssize_t(int fd, void* buf, size_t n, off_t off)> trunk_pread_hook;  // as pread_hook, trunk reads
   // The embedding and lm_head streamed (infer/head_stream.h) even when they would fit (tests
   // and measurements); they are streamed anyway when the budget needs it.

@@ -122,7 +122,7 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
   // With stream_trunk the layers' matrices are validated only (a trunk ring reads them).
   std::vector<bool> bf16_held(specs.size(), false), streamed(specs.size(), false);
   for (size_t i = 0; i < specs.size(); ++i)
-    streamed[i] = (opt.stream_trunk && is_streamable_layer_matrix(specs[i])) ||
+    streamed[i] = (opt.stream_trunk && is_streamable_layer_matrix(specs[i]) && specs[i].layer >= opt.pinned_layers) ||
                   (opt.stream_head && is_streamable_head_matrix(specs[i]));
   const bool any_streamed = opt.stream_trunk || opt.stream_head;
   if (opt.dense_as_stored)

@@ -276,9 +276,10 @@ void K3ModelT<R>::lm_head(R* logits, const R* h, int64_t rows) const {
 template <typename R>
 const LayerWeightsT<R>& K3ModelT<R>::layer_for_call(int64_t i) const {
   if constexpr (std::is_same_v<R, float>) {
-    if (trunk_) {
+    if (trunk_ && i >= trunk_->first_streamed()) {
       LayerWeights& w = trunk_->acquire(i);
-      trunk_->prefetch((i + 1) % dims_.L);  // the next layer (or the next call's first) while this one computes
+      // The next layer (or the next call's first streamed one) while this one computes.
+      trunk_->prefetch(i + 1 < dims_.L ? i + 1 : trunk_->first_streamed());
       const LayerWeights& own = layers_[size_t(i)];
       w.moe.provider = own.moe.provider;
       w.moe.provider_layer = own.moe.provider_layer;
@@ -302,7 +303,7 @@ class TrunkCall {
   TrunkCall(const TrunkCall&) = delete;
   TrunkCall& operator=(const TrunkCall&) = delete;
   void release(int64_t layer) {
-    if (p_) p_->release(layer);
+    if (p_ && layer >= p_->first_streamed()) p_->release(layer);
   }
 
  private:

@@ -122,6 +122,24 @@ uint64_t working_bytes_estimate(const K3Config& c, int64_t tokens) {
          uint64_t(tensors) * 1400;
 }
 
+TrunkRingPlan TrunkRingPlan::pinned_prefix(int64_t P) const {
+  TrunkRingPlan r = *this;
+  const int64_t L = int64_t(layer_read.size());
+  r.pinned = std::clamp<int64_t>(P, 0, L);
+  r.pinned_bytes = r.pass_bytes = r.pass_payload = r.slot_bytes = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    if (i < r.pinned) {
+      r.pinned_bytes += layer_held[size_t(i)];
+      continue;
+    }
+    r.pass_bytes += layer_read[size_t(i)];
+    r.pass_payload += layer_payload[size_t(i)];
+    r.slot_bytes = std::max(r.slot_bytes, layer_slot[size_t(i)]);
+  }
+  r.slot_bytes = std::max<uint64_t>(r.slot_bytes, 1);
+  return r;
+}
+
 TrunkRingPlan trunk_ring_plan(const K3Config& c, int64_t slots) {
   TrunkRingPlan p;
   p.slots = slots;
@@ -131,6 +149,7 @@ TrunkRingPlan trunk_ring_plan(const K3Config& c, int64_t slots) {
     if (is_streamable_layer_matrix(s)) layer[size_t(s.layer)] += uint64_t(s.numel()) * 2;
     else p.resident_bytes += uint64_t(s.numel()) * (s.shape.size() == 2 && s.shape[0] >= 2 && s.shape[1] >= 2 ? 2 : 4);
   }
+  p.layer_slot = p.layer_read = p.layer_payload = p.layer_held = layer;
   for (uint64_t b : layer) {
     p.slot_bytes = std::max(p.slot_bytes, b);
     p.pass_bytes += b;
@@ -203,7 +222,9 @@ StreamProjection project_streaming(const K3Config& c, uint64_t budget, double bw
 
 StreamProjection plan_streaming(const K3Config& c, uint64_t budget, double bw, int64_t prefill_tokens,
                                 uint64_t trunk_bytes, uint64_t slot_bytes, uint64_t reserve, TrunkRingPlan ring,
-                                HeadStreamPlan head, bool force_ring, int64_t ring_slots, bool force_head) {
+                                HeadStreamPlan head, bool force_ring, int64_t ring_slots, bool force_head,
+                                int64_t pinned) {
+  if (force_ring && pinned < 0) pinned = 0;  // a ring asked for (measurements): every layer through it
   HeadStreamPlan held = head, streamed = head;
   held.streamed = false;
   streamed.streamed = true;
@@ -211,18 +232,45 @@ StreamProjection plan_streaming(const K3Config& c, uint64_t budget, double bw, i
   std::vector<const HeadStreamPlan*> heads;
   if (!force_head) heads.push_back(&held);
   if (force_head || head.held_bytes > head.buffer_bytes) heads.push_back(&streamed);
-  std::vector<int64_t> rings;
-  if (!force_ring) rings.push_back(0);
-  for (int64_t n : ring_slots > 0 ? std::vector<int64_t>{ring_slots} : std::vector<int64_t>{2, 1}) rings.push_back(n);
-  StreamProjection p;
-  for (int64_t n : rings)
+  StreamProjection last;
+  if (!force_ring)  // 1-2: the layers resident
     for (const HeadStreamPlan* h : heads) {
-      ring.slots = n;
-      p = project_streaming(c, budget, bw, prefill_tokens, trunk_bytes, slot_bytes, reserve,
-                            n > 0 ? ring : TrunkRingPlan{}, *h);
-      if (p.fits) return p;
+      last = project_streaming(c, budget, bw, prefill_tokens, trunk_bytes, slot_bytes, reserve, TrunkRingPlan{}, *h);
+      if (last.fits) return last;
     }
-  return p;
+  const int64_t L = int64_t(ring.layer_read.size());
+  for (int64_t n : ring_slots > 0 ? std::vector<int64_t>{ring_slots} : std::vector<int64_t>{2, 1}) {
+    ring.slots = n;
+    StreamProjection best;
+    double best_bytes = 0;
+    for (const HeadStreamPlan* h : heads) {
+      auto project = [&](int64_t P) {
+        return project_streaming(c, budget, bw, prefill_tokens, trunk_bytes, slot_bytes, reserve,
+                                 ring.pinned_prefix(P), *h);
+      };
+      StreamProjection p = project(std::max<int64_t>(pinned, 0));
+      last = p;
+      if (!p.fits) continue;
+      if (pinned < 0) {
+        // The longest prefix that leaves the minimum expert cache: the held bytes grow by the
+        // pinned layers and shrink with the ring's slot (the largest layer left streamed).
+        const int64_t want = std::min<int64_t>(p.experts_total, 2 * p.top_k);
+        const uint64_t need = p.min_budget + uint64_t(std::max<int64_t>(want - 2, 0)) * p.slot_bytes;
+        const uint64_t base = p.ring.held_bytes();
+        for (int64_t P = L - 1; P >= 1 && budget >= need; --P) {
+          const uint64_t hb = ring.pinned_prefix(P).held_bytes();
+          if (hb <= base || hb - base <= budget - need) {
+            p = project(P);
+            break;
+          }
+        }
+      }
+      const double bytes = p.decode_bytes_per_token + p.trunk_bytes_per_call + p.head_bytes_per_call;
+      if (!best.fits || bytes < best_bytes) best = p, best_bytes = bytes;
+    }
+    if (best.fits) return best;
+  }
+  return last;
 }
 
 std::string stream_projection_line(const StreamProjection& p) {
@@ -244,12 +292,16 @@ std::string stream_projection_line(const StreamProjection& p) {
   char ring[768] = "";
   if (r.slots > 0)
     std::snprintf(ring, sizeof ring,
-                  "trunk streamed through a ring of %lld slot%s x %s (the largest layer%s) + %s held (%s)%s",
+                  "trunk streamed through a ring of %lld slot%s x %s (the largest layer%s) + %s held (%s)%s%s",
                   (long long)r.slots, r.slots > 1 ? "s" : "", gb(double(r.slot_bytes)).c_str(),
                   (r.slots > 1 ? std::string("; the next layer is read while one computes")
                                : "; no overlap: a second slot needs +" + gb(double(r.slot_bytes)))
                       .c_str(),
-                  gb(double(held_rest)).c_str(), h.streamed ? "norms and vectors" : "embedding, lm_head, norms", head);
+                  gb(double(held_rest)).c_str(), h.streamed ? "norms and vectors" : "embedding, lm_head, norms",
+                  r.pinned > 0 ? (" + " + std::to_string(r.pinned) + " leading layers pinned (" +
+                                  gb(double(r.pinned_bytes)) + ", never read)").c_str()
+                               : "",
+                  head);
   char buf[2048];
   if (!p.fits) {
     if (r.slots > 0)
@@ -272,7 +324,8 @@ std::string stream_projection_line(const StreamProjection& p) {
                                                            " resident" + head
                                                      : "trunk " + gb(double(p.trunk_bytes)) + " resident";
   const double per_call = p.trunk_bytes_per_call + p.head_bytes_per_call;
-  const std::string trunk_reads = per_call > 0 ? " + trunk " + gb(per_call) : "";
+  const std::string trunk_reads =
+      per_call > 0 ? (p.head_bytes_per_call > 0 ? " + trunk and lm_head " : " + trunk ") + gb(per_call) : "";
   const double bw = p.disk_bytes_per_s;
   std::snprintf(buf, sizeof buf,
                 "plan: budget %s = %s + %s working + expert cache %lld slots x %.1f MB (%.1f %% of %lld experts); "

@@ -5,6 +5,7 @@
 // reproduces for the released config: about 2.78 T total, 104.2 B active per token.
 #pragma once
 #include <array>
+#include <vector>
 #include <cstdint>
 #include <string>
 
@@ -138,12 +139,20 @@ DataParallelComm project_data_parallel(const K3Config& c, int64_t ranks, int64_t
 // The trunk held as a ring (slots > 0) or resident (slots 0).
 struct TrunkRingPlan {
   int64_t slots = 0;
-  uint64_t slot_bytes = 0;      // one slot: the largest layer's matrices as read
+  uint64_t slot_bytes = 0;      // one slot: the largest streamed layer's matrices as read
   uint64_t resident_bytes = 0;  // the trunk's other tensors, held
-  uint64_t pass_bytes = 0;      // one pass over every layer, as read from disk (alignment included)
+  uint64_t pass_bytes = 0;      // one pass over every streamed layer, as read from disk (alignment included)
   uint64_t pass_payload = 0;    // the same, matrix bytes only
+  // A prefix of layers pinned: their matrices held (as the resident engine holds them) and
+  // never read, the ring streaming layers pinned .. L-1 (pinned_prefix).
+  int64_t pinned = 0;
+  uint64_t pinned_bytes = 0;
+  std::vector<uint64_t> layer_slot, layer_read, layer_payload, layer_held;  // per layer: slot, read, payload, held bytes
   uint64_t ring_bytes() const { return uint64_t(slots) * slot_bytes; }
-  uint64_t held_bytes() const { return resident_bytes + ring_bytes(); }
+  uint64_t held_bytes() const { return resident_bytes + ring_bytes() + pinned_bytes; }
+  // The same ring with layers [0, P) pinned (slot, pass and pinned bytes recomputed from the
+  // per-layer figures).
+  TrunkRingPlan pinned_prefix(int64_t P) const;
 };
 // The ring from the config alone (the released layout: matrices bf16, vectors f32; no
 // alignment widening): `k3cpp plan` for a model that is not on disk.
@@ -210,12 +219,18 @@ StreamProjection project_streaming(const K3Config& c, uint64_t budget, double di
 //   5. one slot (reads without overlap), the head held;  6. one slot, the head streamed.
 // force_ring skips 1-2, ring_slots > 0 replaces two / one by that many, force_head skips the
 // head held; `ring` and `head` give the sizes (their slots / streamed are ignored; a head
-// whose buffers would not save memory is never streamed unless forced). When nothing fits:
-// the last option's projection (its min_budget is the minimum), fits false.
+// whose buffers would not save memory is never streamed unless forced). With a ring, the
+// longest prefix of layers that fits is pinned (held, never read: a pinned byte saves a byte
+// read per call, more than any expert cache byte, which saves top_k / E of one), leaving at
+// least min(2 top_k, all experts) cache slots; for one ring size, the head held or streamed,
+// whichever then reads fewer bytes per decode token (held on a tie). pinned >= 0: exactly
+// that many layers pinned (tests, measurements; refused if they do not fit); force_ring
+// alone pins none. When nothing
+// fits: the last option's projection (its min_budget is the minimum), fits false.
 StreamProjection plan_streaming(const K3Config& c, uint64_t budget, double disk_bytes_per_s, int64_t prefill_tokens,
                                 uint64_t trunk_bytes, uint64_t slot_bytes, uint64_t reserve, TrunkRingPlan ring,
                                 HeadStreamPlan head, bool force_ring = false, int64_t ring_slots = 0,
-                                bool force_head = false);
+                                bool force_head = false, int64_t pinned = -1);
 // One line: "plan: budget 8.00 GB = trunk ... ; expert cache N slots ...; predicted ...".
 std::string stream_projection_line(const StreamProjection& p);
 

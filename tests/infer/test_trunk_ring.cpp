@@ -261,3 +261,61 @@ TEST(TrunkRing, ABudgetBelowTheRingNamesTheNewMinimum) {
     EXPECT_NE(msg.find("two slots"), std::string::npos) << msg;
   }
 }
+
+TEST(TrunkRing, APinnedPrefixIsHeldAndNeverReadAndTheLogitsStayBitwise) {
+  for (auto [dense, as_stored] : {std::pair{DType::F32, false}, std::pair{DType::BF16, true}}) {
+    const std::string dir = saved_model(dense).path;
+    LoadOptions lo;
+    lo.dense_as_stored = as_stored;
+    const K3Model res = load_model(dir, lo);
+    const std::vector<int32_t> ids = test::make_ids(12, 256, 5);
+    StreamOptions so = ring_opts(2);
+    so.trunk_pinned = 2;  // layers 0 (the dense one) and 1 held, 2-4 streamed
+    InferenceModel im = ringed(dir, so, as_stored);
+    ASSERT_TRUE(im.trunk);
+    EXPECT_EQ(im.trunk->first_streamed(), 2);
+    EXPECT_EQ(im.plan.ring.pinned, 2);
+    EXPECT_NE(im.trunk_note.find("layers 0-1 pinned"), std::string::npos) << im.trunk_note;
+    EXPECT_TRUE(bitwise_equal(run_session(im.model, ids, 8), run_session(res, ids, 8))) << dtype_name(dense);
+    EXPECT_TRUE(bitwise_equal(run_session(im.model, ids, 8, 3), run_session(res, ids, 8, 3))) << dtype_name(dense);
+    EXPECT_TRUE(bitwise_equal(run_batch(im.model, 2), run_batch(res, 2))) << dtype_name(dense);
+    // Reads: only layers 2-4, once per call (layer 2 of the next call read ahead at its end).
+    im.trunk->wait_idle();
+    im.trunk->reset_stats();
+    run_session(im.model, ids, 8);  // 1 + 4 calls
+    im.trunk->wait_idle();
+    uint64_t dev = 0;
+    for (int64_t l = 2; l < 5; ++l) dev += im.trunk->layer_device_bytes(l);
+    EXPECT_EQ(im.trunk->layer_device_bytes(0) + im.trunk->layer_device_bytes(1), 0u);
+    EXPECT_EQ(im.plan.trunk_bytes_per_call, double(dev));
+    const TrunkStats st = im.trunk->stats();
+    EXPECT_EQ(st.acquires, 5 * 3);
+    EXPECT_EQ(st.layer_reads, 5 * 3);
+    EXPECT_EQ(st.device_bytes, 5 * dev);
+  }
+}
+
+TEST(TrunkRing, ABudgetWithRoomForSomeLayersPinsThem) {
+  const std::string dir = saved_model(DType::F32, 0, /*full=*/true).path;  // 13 layers
+  const ModelDir md = open_model_dir(dir);
+  const CheckpointReader ck = CheckpointReader::open(dir);
+  uint64_t slot = 0, expert = 0;
+  ExpertStreamer::measure(ck, md.config, &slot, &expert);
+  const TrunkRingPlan ring = TrunkRing::measure(ck, md.config, false, 2);
+  StreamOptions so;
+  so.working_reserve_bytes = uint64_t(4) << 20;
+  // Room for the ring, the minimum cache (2 top_k slots) and about three layers beside them.
+  const uint64_t want_slots = uint64_t(2 * md.config.num_experts_per_token);
+  const TrunkRingPlan three = ring.pinned_prefix(3);
+  const uint64_t budget = three.held_bytes() + so.working_reserve_bytes + want_slots * slot + slot;
+  ASSERT_LT(budget, ring.pinned_prefix(4).held_bytes() + so.working_reserve_bytes + want_slots * slot);
+  InferenceModel im = load_inference_model(md, load_opts(budget, false), so, 1e9);
+  ASSERT_TRUE(im.trunk);
+  EXPECT_EQ(im.trunk->first_streamed(), 3);
+  EXPECT_GE(im.stream->slots(), int64_t(want_slots));
+  EXPECT_NE(stream_projection_line(im.plan).find("3 leading layers pinned"), std::string::npos)
+      << stream_projection_line(im.plan);
+  const K3Model res = load_model(dir);
+  const std::vector<int32_t> ids = test::make_ids(8, im.model.dims().V, 8);
+  EXPECT_TRUE(bitwise_equal(run_session(im.model, ids, 6), run_session(res, ids, 6)));
+}
