@@ -6,7 +6,8 @@
 // under a budget below the trunk, an injected failed / short trunk read giving an error naming
 // the file, the offset and the tensor with the next call correct (a transient fault on a read
 // ahead retried), two threads sharing the
-// ring, and a budget below the ring's minimum naming it.
+// ring (and the streamed head), a pinned prefix of layers, and a budget below the ring's
+// minimum naming it.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -236,14 +237,22 @@ TEST(TrunkRing, SessionsOnTwoThreadsShareTheRing) {
   const K3Model res = load_model(dir, lo);
   const std::vector<int32_t> a = test::make_ids(7, res.dims().V, 21), b = test::make_ids(6, res.dims().V, 22);
   const std::vector<float> want_a = run_session(res, a, 4), want_b = run_session(res, b, 3);
-  InferenceModel im = ringed(dir, ring_opts(2), true);
-  std::vector<float> got_a, got_b;
-  std::thread t1([&] { got_a = run_session(im.model, a, 4); });
-  std::thread t2([&] { got_b = run_session(im.model, b, 3); });
-  t1.join();
-  t2.join();
-  EXPECT_TRUE(bitwise_equal(got_a, want_a));
-  EXPECT_TRUE(bitwise_equal(got_b, want_b));
+  for (bool head : {false, true}) {  // with the embedding and lm_head streamed too (4 blocks of 64 rows)
+    StreamOptions so = ring_opts(2);
+    so.stream_head = head;
+    so.head_block_rows = head ? 64 : 0;
+    InferenceModel im = ringed(dir, so, true);
+    ASSERT_EQ(bool(im.head), head);
+    std::vector<float> got_a, got_b;
+    std::thread t1([&] { got_a = run_session(im.model, a, 4); });
+    std::thread t2([&] { got_b = run_session(im.model, b, 3); });
+    t1.join();
+    t2.join();
+    // One row per call (last-position prefill, decode steps): the blocked lm_head product
+    // equals the unblocked one (kernels/gemv.h), so the plain resident run is the reference.
+    EXPECT_TRUE(bitwise_equal(got_a, want_a)) << "head streamed " << head;
+    EXPECT_TRUE(bitwise_equal(got_b, want_b)) << "head streamed " << head;
+  }
 }
 
 TEST(TrunkRing, ABudgetBelowTheRingNamesTheNewMinimum) {
