@@ -225,6 +225,7 @@ StreamProjection plan_streaming(const K3Config& c, uint64_t budget, double bw, i
                                 HeadStreamPlan head, bool force_ring, int64_t ring_slots, bool force_head,
                                 int64_t pinned) {
   if (force_ring && pinned < 0) pinned = 0;  // a ring asked for (measurements): every layer through it
+  if (reserve == 0) reserve = working_bytes_estimate(c, prefill_tokens);  // once, not per option
   HeadStreamPlan held = head, streamed = head;
   held.streamed = false;
   streamed.streamed = true;
