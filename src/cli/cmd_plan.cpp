@@ -120,10 +120,12 @@ int cmd_plan(const std::vector<std::string>& args) {
   DataParallelComm dpc;
   if (want_dp) dpc = project_data_parallel(c, dp_ranks, qb_bins, ep);
   StreamProjection sp;
-  // The engine's rule (infer/weight_stream.h): the trunk resident if it fits, else its layers
-  // through a ring of two slots (one if two do not fit).
+  // The engine's rule (model/planner.h plan_streaming): the trunk resident if it fits, else its
+  // layers through a ring of two slots (one if two do not fit), the embedding and lm_head held
+  // if they fit, else streamed.
   if (want_stream)
-    sp = plan_streaming(c, uint64_t(budget_gb * 1e9), disk_gbps * 1e9, prefill_tokens, 0, 0, 0, trunk_ring_plan(c, 0));
+    sp = plan_streaming(c, uint64_t(budget_gb * 1e9), disk_gbps * 1e9, prefill_tokens, 0, 0, 0, trunk_ring_plan(c, 0),
+                        head_stream_plan(c));
   const ParamCounts pc = count_params(c);
   const WeightBytes wb = weight_bytes(c, storage);
   const CacheBytes cache = decode_cache_bytes(c, context);
@@ -210,6 +212,11 @@ int cmd_plan(const std::vector<std::string>& args) {
                         {"trunk_ring_slot_bytes", sp.ring.slot_bytes},
                         {"trunk_held_bytes", sp.ring.slots > 0 ? sp.ring.resident_bytes : sp.trunk_bytes},
                         {"trunk_bytes_per_call", sp.trunk_bytes_per_call},
+                        {"head_streamed", sp.head.streamed},
+                        {"head_held_bytes", sp.head.held_bytes},
+                        {"head_buffer_bytes", sp.head.streamed ? sp.head.buffer_bytes : 0},
+                        {"head_bytes_per_call", sp.head_bytes_per_call},
+                        {"embed_bytes_per_token", sp.embed_bytes_per_token},
                         {"trunk_s_per_call", sp.trunk_s_per_call}};
     } else {
       j["streaming"] = nullptr;
@@ -299,7 +306,7 @@ int cmd_plan(const std::vector<std::string>& args) {
   }
   if (want_stream) {
     std::printf("\nmemory-limited inference at %g GB, disk %g GB/s (experts streamed; the bf16 trunk resident if it "
-                "fits, else streamed layer by layer)\n",
+                "fits, else streamed layer by layer; the embedding and lm_head streamed when they do not fit)\n",
                 budget_gb, disk_gbps);
     std::printf("  %s\n", stream_projection_line(sp).c_str());
     std::printf("  one expert %llu bytes; nothing cached, a decode token reads %.2f GB of experts (%.2f s); the trunk "

@@ -10,17 +10,21 @@
 namespace k3::cli {
 
 const std::vector<std::string>& ram_budget_options() {
-  static const std::vector<std::string> o = {"ram-budget", "cache-policy", "io", "disk-gbps", "trunk-slots"};
+  static const std::vector<std::string> o = {"ram-budget", "cache-policy", "io", "disk-gbps", "trunk-slots",
+                                                "head-block-rows"};
   return o;
 }
 
 const char* kRamBudgetUsage =
     "  --ram-budget GB     memory-limited inference: hold at most GB (1e9 bytes) of weights, reading the\n"
     "                      routed experts from disk into an expert cache; the dense trunk stays resident\n"
-    "                      if it fits, else its layers stream through a ring of two slots\n"
+    "                      if it fits, else its layers stream through a ring of two slots, and the\n"
+    "                      embedding and lm_head are read on demand (rows, blocks) when they do not fit\n"
     "  --cache-policy P    expert cache policy: s3fifo (default) or lru\n"
     "  --io MODE           expert and trunk reads: auto (O_DIRECT where allowed, default), direct, buffered\n"
     "  --trunk-slots N     stream the dense trunk through a ring of N slots even if it fits (measurements)\n"
+    "  --head-block-rows N stream the embedding and lm_head even if they fit, the logits computed in blocks\n"
+    "                      of N lm_head rows (measurements; more than 32 rows per call then round as blocked)\n"
     "  --disk-gbps X       disk bandwidth for the plan line (default: measured with a 256 MB O_DIRECT read)\n";
 
 std::vector<std::string> with_ram_budget_options(std::vector<std::string> options) {
@@ -44,12 +48,19 @@ BudgetArgs parse_budget_args(const Args& a, int64_t tokens_per_call) {
     b.stream.stream_trunk = true;
     b.stream.trunk_slots = n;
   }
+  if (a.get("head-block-rows")) {
+    const long long n = a.get_int("head-block-rows", 0);
+    if (n < 1) fail("--head-block-rows: expected a positive number of rows, got " + *a.get("head-block-rows"));
+    b.stream.stream_head = true;
+    b.stream.head_block_rows = n;
+  }
   if (a.get("ram-budget")) {
     const double gb = a.get_double("ram-budget", 0);
     if (!(gb > 0) || !std::isfinite(gb)) fail("--ram-budget: expected a positive number of GB, got " + *a.get("ram-budget"));
     b.budget = uint64_t(gb * 1e9);
-  } else if (a.get("cache-policy") || a.get("io") || a.get("disk-gbps") || a.get("trunk-slots")) {
-    fail("--cache-policy, --io, --disk-gbps and --trunk-slots apply only with --ram-budget");
+  } else if (a.get("cache-policy") || a.get("io") || a.get("disk-gbps") || a.get("trunk-slots") ||
+             a.get("head-block-rows")) {
+    fail("--cache-policy, --io, --disk-gbps, --trunk-slots and --head-block-rows apply only with --ram-budget");
   }
   return b;
 }
@@ -85,7 +96,9 @@ void report_phase(BudgetedModel& bm, const char* command, const char* phase, int
   // The trunk's reads when it is streamed (every layer once per call) join the bound.
   TrunkStats ts;
   if (bm.im->trunk) ts = bm.im->trunk->stats();
-  const double dev = double(st.device_bytes + ts.device_bytes);
+  HeadStats hs;
+  if (bm.im->head) hs = bm.im->head->stats();
+  const double dev = double(st.device_bytes + ts.device_bytes + hs.device_bytes + hs.embed_device_bytes);
   const double bound = p.disk_bytes_per_s > 0 ? dev / double(tokens) / p.disk_bytes_per_s : 0;
   std::string trunk;
   if (bm.im->trunk) {
@@ -98,6 +111,16 @@ void report_phase(BudgetedModel& bm, const char* command, const char* phase, int
                   ts.io_seconds > 0 ? 100.0 * std::max(0.0, 1 - ts.wait_seconds / ts.io_seconds) : 0.0);
     trunk = b;
   }
+  if (bm.im->head) {
+    const HeadStats hs = bm.im->head->stats();
+    char b[320];
+    std::snprintf(b, sizeof b,
+                  "; embedding and lm_head read %.4f GB/token (plan %.4f GB per call + %.1f KB per token) in %lld "
+                  "block reads and %lld rows, compute waited %.2f s for it",
+                  double(hs.device_bytes + hs.embed_device_bytes) / double(tokens) / 1e9, p.head_bytes_per_call / 1e9,
+                  p.embed_bytes_per_token / 1e3, (long long)hs.block_reads, (long long)hs.embed_rows, hs.wait_seconds);
+    trunk += b;
+  }
   std::fprintf(stderr,
                "%s: %s: %lld tokens, %.3f s/token; experts read %.4f GB/token (plan %.4f GB/token%s), %.4f GB/token "
                "from disk%s -> disk bound %.3f s/token at %.2f GB/s (%.0f %% of the bound reached); hit rate %.3f; "
@@ -109,6 +132,7 @@ void report_phase(BudgetedModel& bm, const char* command, const char* phase, int
                st.wait_seconds);
   bm.im->stream->reset_stats();
   if (bm.im->trunk) bm.im->trunk->reset_stats();
+  if (bm.im->head) bm.im->head->reset_stats();
 }
 
 void report_budgeted(BudgetedModel& bm, const char* command) {
@@ -120,14 +144,16 @@ void report_budgeted(BudgetedModel& bm, const char* command) {
     std::fprintf(stderr, "%s: %s\n", command, stream_stats_line(*bm.im->stream).c_str());
   if (bm.im->trunk && bm.im->trunk->stats().acquires > 0)  // report_phase printed and restarted them
     std::fprintf(stderr, "%s: %s\n", command, trunk_stats_line(*bm.im->trunk).c_str());
+  if (bm.im->head && bm.im->head->stats().block_acquires > 0)
+    std::fprintf(stderr, "%s: %s\n", command, head_stats_line(*bm.im->head).c_str());
   std::fprintf(stderr,
                "%s: memory: peak RssAnon %.3f GB (%.3f GB before loading) against the budget %.3f GB (%s); "
-               "engine arenas: trunk %.3f GB + trunk ring %.3f GB + expert cache %.3f GB; peak RssFile %.3f GB; system page cache "
+               "engine arenas: trunk %.3f GB + trunk ring %.3f GB + head buffers %.3f GB + expert cache %.3f GB; peak RssFile %.3f GB; system page cache "
                "%+.3f GB over the run (other processes included); %lld samples\n",
                command, double(bm.sampler->peak_anon()) / 1e9, double(bm.before.rss_anon) / 1e9,
                double(bm.budget) / 1e9, bm.sampler->peak_anon() <= int64_t(bm.budget) ? "under" : "OVER",
                double(bm.im->trunk_bytes) / 1e9, bm.im->trunk ? double(bm.im->trunk->arena_bytes()) / 1e9 : 0.0,
-               double(bm.im->stream->arena_bytes()) / 1e9,
+               bm.im->head ? double(bm.im->head->arena_bytes()) / 1e9 : 0.0, double(bm.im->stream->arena_bytes()) / 1e9,
                double(bm.sampler->peak_file()) / 1e9,
                pc >= 0 && bm.page_cache_before >= 0 ? double(pc - bm.page_cache_before) / 1e9 : 0.0,
                (long long)bm.sampler->samples());

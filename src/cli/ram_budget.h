@@ -14,7 +14,7 @@
 
 namespace k3::cli {
 
-// Options taking a value: ram-budget, cache-policy, io, disk-gbps, trunk-slots.
+// Options taking a value: ram-budget, cache-policy, io, disk-gbps, trunk-slots, head-block-rows.
 const std::vector<std::string>& ram_budget_options();
 // Usage lines for them.
 extern const char* kRamBudgetUsage;

@@ -112,26 +112,34 @@ TrunkRingPlan TrunkRing::measure(const CheckpointReader& ck, const K3Config& cfg
                                  int64_t slots) {
   TrunkRingPlan p;
   p.slots = slots;
-  for (const Layer& L : locate(ck, cfg, dense_as_stored, nullptr)) {
-    p.slot_bytes = std::max(p.slot_bytes, L.bytes);
-    p.pass_bytes += L.device;
-    p.pass_payload += L.payload;
+  const std::vector<Layer> layers = locate(ck, cfg, dense_as_stored, nullptr);
+  for (const Layer& L : layers) {
+    p.layer_slot.push_back(align_up(std::max<uint64_t>(L.bytes, 1), kAlign));
+    p.layer_read.push_back(L.device);
+    p.layer_payload.push_back(L.payload);
   }
-  p.slot_bytes = align_up(std::max<uint64_t>(p.slot_bytes, 1), kAlign);
-  for (const ParamSpec& s : k3_param_specs(cfg))
-    if (s.component != Component::RoutedExperts && !is_streamable_layer_matrix(s))
-      p.resident_bytes += held_bytes(ck, s, dense_as_stored);
+  p.layer_held.assign(layers.size(), 0);
+  for (const ParamSpec& s : k3_param_specs(cfg)) {
+    if (s.component == Component::RoutedExperts) continue;
+    if (is_streamable_layer_matrix(s)) p.layer_held[size_t(s.layer)] += held_bytes(ck, s, dense_as_stored);
+    else p.resident_bytes += held_bytes(ck, s, dense_as_stored);
+  }
+  const uint64_t resident = p.resident_bytes;
+  p = p.pinned_prefix(0);
+  p.resident_bytes = resident;
   return p;
 }
 
 TrunkRing::TrunkRing(const CheckpointReader& ck, const WeightStore& store, const TrunkRingOptions& opt)
     : cfg_(store.config()), opt_(opt) {
   K3_ASSERT(opt.slots >= 1, "trunk ring: needs at least one slot");
+  K3_ASSERT(opt.pinned >= 0 && opt.pinned < cfg_.num_hidden_layers, "trunk ring: pins every layer or fewer than none");
   layers_ = locate(ck, cfg_, opt.dense_as_stored, &files_);
+  for (int64_t l = 0; l < opt.pinned; ++l) layers_[size_t(l)] = Layer{};  // held by the store, never read
   const ParamLayout& lay = store.layout();
   for (size_t i = 0; i < lay.size(); ++i) {
     const ParamSpec& s = lay.spec(i);
-    if (s.layer < 0 || s.component == Component::RoutedExperts) continue;
+    if (s.layer < opt.pinned || s.component == Component::RoutedExperts) continue;
     if (lay.streamed(i)) continue;
     K3_ASSERT(!is_streamable_layer_matrix(s), "trunk ring: the store holds a layer matrix it should stream: " + s.name);
     layers_[size_t(s.layer)].held[s.name] = store.mat(i);
@@ -264,21 +272,21 @@ void TrunkRing::end_call() {
   // The next call starts at layer 0 (a normal call has asked for it already; one that threw
   // may have asked for a layer no call needs next).
   wanted_ = -1;
-  if (find_locked(0) < 0) start_read_locked(0, true);
+  if (find_locked(opt_.pinned) < 0) start_read_locked(opt_.pinned, true);
   in_call_ = false;
   cv_call_.notify_all();
 }
 
 void TrunkRing::prefetch(int64_t layer) {
   std::lock_guard<std::mutex> lk(mu_);
-  K3_ASSERT(layer >= 0 && layer < int64_t(layers_.size()), "trunk ring: no such layer");
+  K3_ASSERT(layer >= opt_.pinned && layer < int64_t(layers_.size()), "trunk ring: no such streamed layer");
   if (find_locked(layer) >= 0) return;
   if (!start_read_locked(layer, true)) wanted_ = layer;  // started when a slot is released
 }
 
 LayerWeights& TrunkRing::acquire(int64_t layer) {
   std::unique_lock<std::mutex> lk(mu_);
-  K3_ASSERT(layer >= 0 && layer < int64_t(layers_.size()), "trunk ring: no such layer");
+  K3_ASSERT(layer >= opt_.pinned && layer < int64_t(layers_.size()), "trunk ring: no such streamed layer");
   ++st_.acquires;
   int64_t slot;
   while ((slot = find_locked(layer)) < 0) {
@@ -361,10 +369,10 @@ std::string trunk_stats_line(const TrunkRing& r) {
   const TrunkStats st = r.stats();
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "trunk ring: %lld slots x %.1f MB; %lld layers acquired (%lld already read), %lld layer reads, %.3f GB "
+                "trunk ring: %lld slots x %.1f MB, %lld layers pinned; %lld layers acquired (%lld already read), %lld layer reads, %.3f GB "
                 "of matrices (%.3f GB from disk in %lld reads, %.2f s in pread, %.2f GB/s); compute waited %.2f s (%.0f %% of "
                 "the read time overlapped compute)",
-                (long long)r.slots(), double(r.slot_bytes()) / 1e6, (long long)st.acquires, (long long)st.hits,
+                (long long)r.slots(), double(r.slot_bytes()) / 1e6, (long long)r.first_streamed(), (long long)st.acquires, (long long)st.hits,
                 (long long)st.layer_reads, double(st.payload_bytes) / 1e9, double(st.device_bytes) / 1e9,
                 (long long)st.reads, st.io_seconds,
                 st.io_seconds > 0 ? double(st.device_bytes) / st.io_seconds / 1e9 : 0.0, st.wait_seconds,

@@ -14,7 +14,10 @@
 //    expert reads of layer i then queue on the disk together, and neither protocol waits on
 //    the other's bookkeeping;
 //  - a slot keeps its layer after release, so a model with L <= N layers reads its trunk
-//    once; otherwise every forward call reads every layer once (the planner's trunk bytes).
+//    once; otherwise every forward call reads every streamed layer once (the planner's trunk
+//    bytes);
+//  - a prefix of layers may be pinned (held by the model's store, never read: the budget
+//    has room for some layers but not all; the public C engine does the same).
 // A read that fails or comes back short is a k3::Error from acquire naming the file, the
 // offset, the tensor and the cause; the slot is emptied and the next acquire reads again. A
 // read ahead (prefetch) that failed is read once more by the acquire that needs it, and only
@@ -41,6 +44,7 @@ namespace k3 {
 
 struct TrunkRingOptions {
   int64_t slots = 2;
+  int64_t pinned = 0;            // layers [0, pinned) held by the store (LoadOptions::pinned_layers), never read
   bool direct = true;            // try O_DIRECT (false: buffered + fadvise)
   bool require_direct = false;   // --io direct: refusing O_DIRECT is an error
   bool dense_as_stored = true;   // bf16 matrices used as stored (the loader's LoadOptions::dense_as_stored)
@@ -74,6 +78,7 @@ class TrunkRing : public TrunkProvider {
   LayerWeights& acquire(int64_t layer) override;
   void prefetch(int64_t layer) override;
   void release(int64_t layer) override;
+  int64_t first_streamed() const override { return opt_.pinned; }
 
   TrunkStats stats() const;
   void reset_stats();

@@ -2,6 +2,7 @@
 #include "infer/weight_stream.h"
 
 #include <fcntl.h>
+#include <malloc.h>
 #include <omp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -410,9 +411,27 @@ double probe_read_bandwidth(const std::string& path, uint64_t bytes, std::string
   return dt > 0 ? double(done) / dt : 0;
 }
 
+namespace {
+InferenceModel load_budgeted_model(const ModelDir& md, const LoadOptions& opt, const StreamOptions& so,
+                                   double disk_bytes_per_s);
+}  // namespace
+
 InferenceModel load_inference_model(const ModelDir& md, const LoadOptions& opt, const StreamOptions& so,
                                     double disk_bytes_per_s) {
-  if (opt.ram_budget_bytes == 0) return InferenceModel{load_model(md, opt), nullptr, {}, 0, "", nullptr};
+  if (opt.ram_budget_bytes == 0) return InferenceModel{load_model(md, opt), nullptr, {}, 0, "", nullptr, nullptr};
+  InferenceModel im = load_budgeted_model(md, opt, so, disk_bytes_per_s);
+#ifdef __GLIBC__
+  // The checkpoint's index (the header's JSON tree, the tensor table) is freed by now: give
+  // its pages back, or they stay in RssAnon for the whole run (planner.h working_bytes_estimate).
+  ::malloc_trim(0);
+#endif
+  return im;
+}
+
+namespace {
+
+InferenceModel load_budgeted_model(const ModelDir& md, const LoadOptions& opt, const StreamOptions& so,
+                                   double disk_bytes_per_s) {
   const CheckpointReader ck = CheckpointReader::open(md.dir);
   if (ck.size() == 0) fail_input(md.dir, "", "no safetensors files in the model directory");
   const K3Config& cfg = md.config;
@@ -441,14 +460,28 @@ InferenceModel load_inference_model(const ModelDir& md, const LoadOptions& opt, 
   const uint64_t reserve =
       so.working_reserve_bytes ? so.working_reserve_bytes : working_bytes_estimate(cfg, so.tokens_per_call);
   const TrunkRingPlan ring_sizes = TrunkRing::measure(ck, cfg, opt.dense_as_stored, 0);
+  HeadStreamOptions ho;
+  ho.block_rows = so.head_block_rows;
+  ho.buffers = so.head_buffers;
+  ho.dense_as_stored = opt.dense_as_stored;
+  ho.direct = so.io != IoMode::Buffered;
+  ho.require_direct = so.io == IoMode::Direct;
+  ho.pread_hook = so.head_pread_hook;
+  const HeadStreamPlan head_sizes = HeadStreamer::measure(ck, cfg, ho);
   StreamProjection plan = plan_streaming(cfg, opt.ram_budget_bytes, disk_bytes_per_s, so.tokens_per_call, trunk,
-                                         slot_bytes, reserve, ring_sizes, so.stream_trunk, so.trunk_slots);
+                                         slot_bytes, reserve, ring_sizes, head_sizes, so.stream_trunk, so.trunk_slots,
+                                         so.stream_head, so.trunk_pinned);
   if (!plan.fits) {
     const TrunkRingPlan& r = plan.ring;
-    char buf[1024];
+    const HeadStreamPlan& h = plan.head;
+    char head[256] = "";
+    if (h.streamed)
+      std::snprintf(head, sizeof head, ", the embedding and lm_head streamed through %.3f GB of buffers (held: %.3f GB)",
+                    double(h.buffer_bytes) / 1e9, double(h.held_bytes) / 1e9);
+    char buf[1280];
     std::snprintf(buf, sizeof buf,
                   "%.3f GB is below the minimum of %.3f GB for this model: the dense trunk streamed through a ring of "
-                  "%lld slot%s of %.3f GB (its largest layer; %s) + %.3f GB held (embedding, lm_head, norms), %.3f GB "
+                  "%lld slot%s of %.3f GB (its largest layer; %s) + %.3f GB held (%s)%s, %.3f GB "
                   "working memory and two expert slots of %.1f MB (the whole trunk resident would need %.3f GB)",
                   double(opt.ram_budget_bytes) / 1e9, double(plan.min_budget) / 1e9, (long long)r.slots,
                   r.slots > 1 ? "s" : "", double(r.slot_bytes) / 1e9,
@@ -456,29 +489,34 @@ InferenceModel load_inference_model(const ModelDir& md, const LoadOptions& opt, 
                               : ("two slots, to read the next layer while one computes, need " +
                                  gb(double(plan.min_budget + r.slot_bytes)))
                                     .c_str(),
-                  double(r.resident_bytes) / 1e9, double(reserve) / 1e9, double(slot_bytes) / 1e6,
-                  double(trunk + reserve + 2 * slot_bytes) / 1e9);
+                  double(r.resident_bytes - (h.streamed ? std::min(r.resident_bytes, h.held_bytes) : 0)) / 1e9,
+                  h.streamed ? "norms and vectors" : "embedding, lm_head, norms", head, double(reserve) / 1e9,
+                  double(slot_bytes) / 1e6, double(trunk + reserve + 2 * slot_bytes) / 1e9);
     fail_input(md.dir, "--ram-budget", buf);
   }
   const bool ring = plan.ring.slots > 0;
-  const uint64_t held = ring ? plan.ring.held_bytes() : trunk;
+  const bool head_streamed = plan.head.streamed;
+  const uint64_t held = plan.min_budget - reserve - 2 * slot_bytes;  // trunk (or ring) + head as chosen
   int64_t slots = plan.cache_slots;
   if (so.cache_slots > 0) {
     if (held + reserve + uint64_t(so.cache_slots) * slot_bytes > opt.ram_budget_bytes)
       fail_input(md.dir, "--ram-budget", std::to_string(so.cache_slots) + " cache slots do not fit the budget");
     slots = so.cache_slots;
     plan = project_streaming(cfg, held + reserve + uint64_t(slots) * slot_bytes, disk_bytes_per_s,
-                             so.tokens_per_call, trunk, slot_bytes, reserve, plan.ring);
+                             so.tokens_per_call, trunk, slot_bytes, reserve, plan.ring, plan.head);
     plan.budget = opt.ram_budget_bytes;
   }
   LoadOptions lo = opt;
   lo.stream_trunk = ring;
+  lo.pinned_layers = ring ? plan.ring.pinned : 0;
+  lo.stream_head = head_streamed;
   WeightStore w = load_weights(ck, cfg, lo);
   // The trunk into owned memory: bf16 views of the mapping become copies, so no weight the
   // forward reads is a mapped page, and the mapped pages read while loading are dropped.
   for (size_t i = 0; i < w.layout().size(); ++i)
     if (w.layout().bf16_held(i)) w.set_bf16(i, w.bf16(i).clone());
-  InferenceModel im{K3Model(std::move(w)), nullptr, plan, 0, "", nullptr};
+  InferenceModel im{K3Model(std::move(w)), nullptr, plan, 0, "", nullptr, nullptr};
+  if (so.head_block_rows > 0) im.model.set_head_block_rows(so.head_block_rows);
   im.trunk_bytes = uint64_t(im.model.weights().size()) * 4 + uint64_t(im.model.weights().bf16_bytes());
   for (const auto& f : ck.files()) {
     const int fd = ::open(f->path().c_str(), O_RDONLY | O_CLOEXEC);
@@ -490,26 +528,43 @@ InferenceModel load_inference_model(const ModelDir& md, const LoadOptions& opt, 
   if (ring) {
     TrunkRingOptions to;
     to.slots = plan.ring.slots;
+    to.pinned = plan.ring.pinned;
     to.direct = so.io != IoMode::Buffered;
     to.require_direct = so.io == IoMode::Direct;
     to.dense_as_stored = opt.dense_as_stored;
     to.pread_hook = so.trunk_pread_hook;
     im.trunk = std::make_shared<TrunkRing>(ck, im.model.weights(), to);
     im.model.set_trunk_provider(im.trunk);
-    im.trunk->prefetch(0);  // the first call's first layer, read while the rest loads
+    im.trunk->prefetch(plan.ring.pinned);  // the first call's first streamed layer, read while the rest loads
+  }
+  if (head_streamed) {
+    ho.block_rows = im.model.head_block_rows();
+    im.head = std::make_shared<HeadStreamer>(ck, cfg, ho);  // reads the first blocks ahead
+    im.model.set_head_provider(im.head);
   }
   im.stream = std::make_shared<ExpertStreamer>(ck, cfg, slots, so);
   im.model.set_expert_provider(im.stream);
-  im.trunk_note = (ring ? "dense trunk streamed: its layers' matrices through a ring of " +
+  const std::string pinned_note =
+      ring && plan.ring.pinned > 0 ? " (layers 0-" + std::to_string(plan.ring.pinned - 1) + " pinned: held, never read)"
+                                   : std::string();
+  im.trunk_note = (ring ? "dense trunk streamed: its layers' matrices" + pinned_note + " through a ring of " +
                               std::to_string(im.trunk->slots()) + " slot" + (im.trunk->slots() > 1 ? "s" : "") +
                               " x " + gb(double(im.trunk->slot_bytes())) + " (" + im.trunk->io_mode() +
-                              "), every layer read once per forward call (" + gb(double(plan.ring.pass_bytes)) +
+                              "), every streamed layer read once per forward call (" + gb(double(plan.ring.pass_bytes)) +
                               "), the rest held in owned memory (" + gb(double(im.trunk_bytes)) + ")"
                         : "dense trunk resident in owned memory (" + gb(double(im.trunk_bytes)) + ")") +
+                  (head_streamed ? "; embedding and lm_head streamed: lm_head in " + std::to_string(im.head->blocks()) +
+                                       " blocks of " + std::to_string(im.head->block_rows()) + " rows through " +
+                                       std::to_string(im.head->buffers()) + " buffers (" +
+                                       gb(double(im.head->arena_bytes())) + " with the embedding row buffer, " +
+                                       im.head->io_mode() + "), one embedding row read per token"
+                                 : std::string()) +
                   "; routed experts streamed: " + std::to_string(slots) + " cache slots (" +
                   gb(double(im.stream->arena_bytes())) + " arena, " + cache_policy_name(so.policy) + "), " +
                   im.stream->io_mode();
   return im;
 }
+
+}  // namespace
 
 }  // namespace k3

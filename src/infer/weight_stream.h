@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "infer/expert_cache.h"
+#include "infer/head_stream.h"
 #include "infer/trunk_ring.h"
 #include "kernels/moe.h"
 #include "model/checkpoint.h"
@@ -65,7 +66,14 @@ struct StreamOptions {
   // measurements); it is streamed anyway when it does not fit the budget.
   bool stream_trunk = false;
   int64_t trunk_slots = 0;  // > 0: exactly this many ring slots; 0: two, or one if two do not fit
+  int64_t trunk_pinned = -1;  // >= 0: exactly this many leading layers pinned with a ring; -1: as many as fit
   std::function<ssize_t(int fd, void* buf, size_t n, off_t off)> trunk_pread_hook;  // as pread_hook, trunk reads
+  // The embedding and lm_head streamed (infer/head_stream.h) even when they would fit (tests
+  // and measurements); they are streamed anyway when the budget needs it.
+  bool stream_head = false;
+  int64_t head_block_rows = 0;  // > 0: lm_head rows per block (the model's logits blocking too; tests)
+  int64_t head_buffers = 2;
+  std::function<ssize_t(int fd, void* buf, size_t n, off_t off)> head_pread_hook;  // as pread_hook, head reads
 };
 
 struct StreamStats {
@@ -178,14 +186,16 @@ struct InferenceModel {
   uint64_t trunk_bytes = 0;                // what the WeightStore holds (f32 buffer + bf16 copies)
   std::string trunk_note;                  // how the trunk is held under a budget
   std::shared_ptr<TrunkRing> trunk;        // the trunk's layers streamed (null: resident)
+  std::shared_ptr<HeadStreamer> head;      // the embedding and lm_head streamed (null: held)
 };
 
 // The loading path of forward / generate / chat (and the server): opt.ram_budget_bytes == 0
 // loads as load_model does (mapped, resident); otherwise the budget is checked and the trunk
 // is read into owned memory: whole when it fits with the working reserve and two expert slots
 // (and !so.stream_trunk), else its globals and vectors, its layers' matrices coming from a
-// TrunkRing of two slots (one if two do not fit); a budget below even that is a k3::Error
-// naming --ram-budget and the minimum. The experts come from an ExpertStreamer with as many
+// TrunkRing of two slots (one if two do not fit), the embedding and lm_head held or, when
+// that does not fit, streamed by a HeadStreamer (the order: model/planner.h plan_streaming);
+// a budget below even that is a k3::Error naming --ram-budget and the minimum. The experts come from an ExpertStreamer with as many
 // slots as the rest of the budget holds (planner.h plan_streaming makes the choice).
 // disk_bytes_per_s: for the plan line (0: measure with probe_read_bandwidth).
 InferenceModel load_inference_model(const ModelDir& md, const LoadOptions& opt, const StreamOptions& so = {},

@@ -23,6 +23,11 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
               int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
 
+int64_t bf16_panel_rows(int64_t K) {
+  constexpr int64_t kPanelFloats = int64_t(1) << 20;  // about 4 MB of widened weights
+  return std::max<int64_t>(16, kPanelFloats / std::max<int64_t>(K, 1) / 16 * 16);
+}
+
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const Mat& B,
           int64_t ldb, float beta, float* C, int64_t ldc) {
   if (!B.is_bf16()) return gemm(ta, tb, M, N, K, alpha, A, lda, B.f, ldb, beta, C, ldc);
@@ -33,7 +38,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
   constexpr int64_t kPanelFloats = int64_t(1) << 20;
   thread_local std::vector<float> panel;
   if (tb) {
-    const int64_t nb = std::max<int64_t>(16, kPanelFloats / std::max<int64_t>(K, 1) / 16 * 16);
+    const int64_t nb = bf16_panel_rows(K);
     if (panel.size() < size_t(std::min(nb, N) * K)) panel.resize(size_t(std::min(nb, N) * K));
     for (int64_t n0 = 0; n0 < N; n0 += nb) {
       const int64_t n = std::min(nb, N - n0);

@@ -24,6 +24,9 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double al
 // buffer) and multiplied by sgemm, so a prefill reads each weight once and converts it once.
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
           const Mat& B, int64_t ldb, float beta, float* C, int64_t ldc);
+// Rows of B [N, K] (trans_b) per widened panel in that bf16 path: a product split into row
+// blocks of B that are multiples of it makes the same sgemm calls as the whole product.
+int64_t bf16_panel_rows(int64_t K);
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
           const MatT<double>& B, int64_t ldb, double beta, double* C, int64_t ldc);
 

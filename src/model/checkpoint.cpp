@@ -121,8 +121,10 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
   // their released name with the spec's shape (anything else is validated and converted below).
   // With stream_trunk the layers' matrices are validated only (a trunk ring reads them).
   std::vector<bool> bf16_held(specs.size(), false), streamed(specs.size(), false);
-  if (opt.stream_trunk)
-    for (size_t i = 0; i < specs.size(); ++i) streamed[i] = is_streamable_layer_matrix(specs[i]);
+  for (size_t i = 0; i < specs.size(); ++i)
+    streamed[i] = (opt.stream_trunk && is_streamable_layer_matrix(specs[i]) && specs[i].layer >= opt.pinned_layers) ||
+                  (opt.stream_head && is_streamable_head_matrix(specs[i]));
+  const bool any_streamed = opt.stream_trunk || opt.stream_head;
   if (opt.dense_as_stored)
     for (size_t i = 0; i < specs.size(); ++i) {
       const ParamSpec& s = specs[i];
@@ -132,7 +134,7 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
       const auto& info = ck.info(s.name);
       bf16_held[i] = info.dtype == DType::BF16 && info.shape == s.shape;
     }
-  WeightStore w(cfg, storage, bf16_held, opt.stream_trunk ? streamed : std::vector<bool>{});
+  WeightStore w(cfg, storage, bf16_held, any_streamed ? streamed : std::vector<bool>{});
   if (external) w.set_experts_external();
   const ParamLayout& lay = w.layout();
 
@@ -171,7 +173,7 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
       continue;
     }
     check_stored(ck, name, s.shape, false, "");
-    if (streamed[i]) continue;  // read layer by layer by the trunk ring (infer/trunk_ring.h)
+    if (streamed[i]) continue;  // read by the trunk ring / head streamer (infer/trunk_ring.h, head_stream.h)
     jobs.push_back({i, bf16_held[i] ? Kind::Bf16Keep : Kind::Dense, ck.get(name), Tensor()});
   }
   // A language-model tensor that the config does not have means checkpoint and config disagree.

@@ -53,6 +53,11 @@ struct LoadOptions {
   // trunk does not fit the budget): every decoder layer's dense matrices are validated but not
   // held (ParamLayout::streamed); a trunk ring reads them layer by layer (infer/trunk_ring.h).
   bool stream_trunk = false;
+  int64_t pinned_layers = 0;  // with stream_trunk: layers [0, pinned_layers) held all the same (a pinned prefix)
+  // Memory-limited inference with the embedding and lm_head streamed (load_inference_model
+  // when they do not fit): both validated but not held; a HeadProvider reads embedding rows
+  // and lm_head blocks on demand (infer/head_stream.h).
+  bool stream_head = false;
   // Receives the load's one-line notices (legacy names, skipped vision tensors); unset: stderr.
   std::function<void(const std::string&)> log;
 };

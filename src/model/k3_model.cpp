@@ -156,8 +156,13 @@ void DecodeStateT<R>::reserve(int64_t tokens, const ModelDims& dims) {
 
 template <typename R>
 K3ModelT<R>::K3ModelT(WeightStore weights) : store_(std::move(weights)), dims_(model_dims(store_.config())) {
-  trunk_streamed_ = store_.layout().any_streamed();
-  K3_ASSERT((std::is_same_v<R, float> || !trunk_streamed_), "K3ModelT<double> needs every weight held");
+  for (size_t i = 0; i < store_.layout().size(); ++i)
+    if (store_.layout().streamed(i)) {
+      if (is_streamable_head_matrix(store_.layout().spec(i))) head_streamed_ = true;
+      else trunk_streamed_ = true;
+    }
+  K3_ASSERT((std::is_same_v<R, float> || !store_.layout().any_streamed()), "K3ModelT<double> needs every weight held");
+  head_block_rows_ = lm_head_block_rows(store_.config());
   if constexpr (std::is_same_v<R, float>) {
     params_ = store_.data();
     layers_.reserve(size_t(dims_.L));
@@ -197,16 +202,84 @@ void K3ModelT<R>::set_expert_provider(std::shared_ptr<ExpertProvider> p) {
 template <typename R>
 void K3ModelT<R>::set_trunk_provider(std::shared_ptr<TrunkProvider> p) {
   K3_ASSERT((std::is_same_v<R, float>), "a trunk provider serves the float engine only");
-  K3_ASSERT(p || !store_.layout().any_streamed(), "a model whose trunk is streamed needs a trunk provider");
+  K3_ASSERT(p || !trunk_streamed_, "a model whose trunk is streamed needs a trunk provider");
   trunk_ = std::move(p);
+}
+
+template <typename R>
+void K3ModelT<R>::set_head_provider(std::shared_ptr<HeadProvider> p) {
+  K3_ASSERT((std::is_same_v<R, float>), "a head provider serves the float engine only");
+  K3_ASSERT(p || !head_streamed_, "a model whose embedding and lm_head are streamed needs a head provider");
+  K3_ASSERT(!p || p->block_rows() == head_block_rows_, "head provider: its block rows differ from the model's");
+  head_ = std::move(p);
+}
+
+template <typename R>
+void K3ModelT<R>::set_head_block_rows(int64_t rows) {
+  K3_ASSERT(rows >= 1, "head block rows must be positive");
+  K3_ASSERT(!head_ || head_->block_rows() == rows, "head block rows: the head provider reads other blocks");
+  head_block_rows_ = std::min<int64_t>(rows, dims_.V);
+}
+
+int64_t lm_head_block_rows(const K3Config& c) {
+  const int64_t d = std::max<int64_t>(c.hidden_size, 1), V = std::max<int64_t>(c.vocab_size, 1);
+  const int64_t panel = bf16_panel_rows(d);
+  const int64_t rows = std::max<int64_t>(1, (int64_t(32) << 20) / (2 * d) / panel) * panel;
+  return std::min(rows, V);
+}
+
+namespace {
+
+// begin_head / end_head of a head provider around one lm_head product (end_head on a throw too).
+class HeadCall {
+ public:
+  explicit HeadCall(HeadProvider* p) : p_(p) { p_->begin_head(); }
+  ~HeadCall() { p_->end_head(); }
+  HeadCall(const HeadCall&) = delete;
+  HeadCall& operator=(const HeadCall&) = delete;
+
+ private:
+  HeadProvider* p_;
+};
+
+}  // namespace
+
+template <typename R>
+void K3ModelT<R>::embed(R* dst, const int32_t* ids, int64_t T) const {
+  const int64_t d = dims_.d;
+  if constexpr (std::is_same_v<R, float>) {
+    if (head_) return head_->embed_rows(dst, ids, T);
+  }
+  K3_ASSERT(!head_streamed_, "K3Model: the embedding is streamed but no head provider is set");
+  for (int64_t t = 0; t < T; ++t) mat_row(dst + t * d, embed_, int64_t(ids[t]), d);
+}
+
+template <typename R>
+void K3ModelT<R>::lm_head(R* logits, const R* h, int64_t rows) const {
+  const int64_t d = dims_.d, V = dims_.V, br = head_block_rows_;
+  K3_ASSERT(head_ || !head_streamed_, "K3Model: the lm_head is streamed but no head provider is set");
+  if constexpr (std::is_same_v<R, float>) {
+    if (head_) {
+      HeadCall call(head_.get());
+      for (int64_t b = 0, r0 = 0; r0 < V; ++b, r0 += br) {
+        const Mat W = head_->acquire_block(b);
+        gemm(false, true, rows, std::min(br, V - r0), d, 1.f, h, d, W, d, 0.f, logits + r0, V);
+        head_->release_block(b);
+      }
+      return;
+    }
+  }
+  for (int64_t r0 = 0; r0 < V; r0 += br)
+    gemm(false, true, rows, std::min(br, V - r0), d, R(1), h, d, lm_head_.offset(r0 * d), d, R(0), logits + r0, V);
 }
 
 template <typename R>
 const LayerWeightsT<R>& K3ModelT<R>::layer_for_call(int64_t i) const {
   if constexpr (std::is_same_v<R, float>) {
-    if (trunk_) {
+    if (trunk_ && i >= trunk_->first_streamed()) {
       LayerWeights& w = trunk_->acquire(i);
-      trunk_->prefetch((i + 1) % dims_.L);  // the next layer (or the next call's first) while this one computes
+      // The next layer (or the next call's first streamed one) while this one computes.
+      trunk_->prefetch(i + 1 < dims_.L ? i + 1 : trunk_->first_streamed());
       const LayerWeights& own = layers_[size_t(i)];
       w.moe.provider = own.moe.provider;
       w.moe.provider_layer = own.moe.provider_layer;
@@ -230,7 +303,7 @@ class TrunkCall {
   TrunkCall(const TrunkCall&) = delete;
   TrunkCall& operator=(const TrunkCall&) = delete;
   void release(int64_t layer) {
-    if (p_) p_->release(layer);
+    if (p_ && layer >= p_->first_streamed()) p_->release(layer);
   }
 
  private:
@@ -260,8 +333,7 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
   // Before layer 0: partial = token embedding, no completed blocks.
   BlockStateT<R>& bs = s.bs;
   bs.begin(T, d, dims_.max_blocks());
-  for (int64_t t = 0; t < T; ++t)
-    mat_row(bs.partial.data() + t * d, embed_, int64_t(ids[t]), d);
+  embed(bs.partial.data(), ids, T);
   if (splice) {
     int64_t j = 0;
     for (int64_t t = 0; t < T; ++t)
@@ -280,7 +352,7 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
     rec->last_only = opt.last_only;
     rec->layers.resize(size_t(dims_.L));
   }
-  K3_ASSERT(!(trunk_ && rec), "K3Model::forward: a training record needs the trunk resident");
+  K3_ASSERT(!((trunk_ || head_) && rec), "K3Model::forward: a training record needs the trunk resident");
   K3_ASSERT(trunk_ || !trunk_streamed_, "K3Model::forward: the trunk is streamed but no trunk provider is set");
   {
     TrunkCall call(trunk_.get());
@@ -308,7 +380,7 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
   }
   block_attn_res<R>(s.h_out.data(), alpha, bs, final_res_norm_, final_res_proj_, row0, rows, dims_.eps, s.src);
   rmsnorm_forward<R>(s.h_final.data(), s.rstd.data(), s.h_out.data(), final_norm_, rows, d, dims_.eps);
-  linear(logits, s.h_final.data(), lm_head_, rows, d, V);
+  lm_head(logits, s.h_final.data(), rows);
   if (rec) {
     rec->h_out.assign(s.h_out.begin(), s.h_out.begin() + rows * d);
     rec->rstd_final.assign(s.rstd.begin(), s.rstd.begin() + rows);
@@ -333,7 +405,7 @@ void K3ModelT<R>::forward_batch(R* logits, const int32_t* ids, const int64_t* se
            " is outside the vocabulary [0, " + std::to_string(V) + ")");
   BlockStateT<R>& bs = s.bs;
   bs.begin(T, d, dims_.max_blocks());
-  for (int64_t t = 0; t < T; ++t) mat_row(bs.partial.data() + t * d, embed_, int64_t(ids[t]), d);
+  embed(bs.partial.data(), ids, T);
   s.seg_states.resize(size_t(n_seg));
   LayerBatchT<R> batch{seg, n_seg, s.seg_states.data()};
   K3_ASSERT(trunk_ || !trunk_streamed_, "K3Model::forward_batch: the trunk is streamed but no trunk provider is set");
@@ -353,7 +425,7 @@ void K3ModelT<R>::forward_batch(R* logits, const int32_t* ids, const int64_t* se
   grow(s.alpha, T * (bs.n + 1));
   block_attn_res<R>(s.h_out.data(), s.alpha.data(), bs, final_res_norm_, final_res_proj_, 0, T, dims_.eps, s.src);
   rmsnorm_forward<R>(s.h_final.data(), s.rstd.data(), s.h_out.data(), final_norm_, T, d, dims_.eps);
-  linear(logits, s.h_final.data(), lm_head_, T, d, V);
+  lm_head(logits, s.h_final.data(), T);
 }
 
 template LayerWeightsT<float> layer_views<float>(const ParamLayout&, const K3Config&, const float*, int64_t);

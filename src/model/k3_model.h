@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "model/decoder.h"
+#include "model/head_provider.h"
 #include "model/trunk_provider.h"
 #include "model/weights.h"
 
@@ -106,6 +107,11 @@ LayerWeights bind_layer_weights(const K3Config& c, int64_t layer, const std::fun
 template <typename R>
 LayerWeightsT<R> layer_views(const ParamLayout& lay, const K3Config& c, const R* base, int64_t layer);
 
+// Rows of the lm_head per logits block: about 32 MB of bf16 rows, a multiple of the bf16
+// product's panel (kernels/gemm.h bf16_panel_rows, so a held bf16 lm_head makes the same
+// sgemm calls as unblocked), at most V (a small model: one block, the unblocked product).
+int64_t lm_head_block_rows(const K3Config& c);
+
 template <typename R>
 class K3ModelT {
  public:
@@ -139,6 +145,16 @@ class K3ModelT {
   // layer's views from p (model/trunk_provider.h), reading the next layer while one computes.
   void set_trunk_provider(std::shared_ptr<TrunkProvider> p);
   TrunkProvider* trunk_provider() const { return trunk_.get(); }
+  // Memory-limited inference with the embedding and lm_head streamed (float only; a store
+  // loaded with LoadOptions::stream_head needs one): embedding rows and lm_head blocks come
+  // from p (model/head_provider.h); p->block_rows() must equal head_block_rows().
+  void set_head_provider(std::shared_ptr<HeadProvider> p);
+  HeadProvider* head_provider() const { return head_.get(); }
+  // The logits are computed in blocks of this many lm_head rows, held or streamed alike (the
+  // same products, so a streamed lm_head gives the resident logits bit for bit: OpenBLAS
+  // sgemm's rounding depends on N, so the blocking must not). Default: lm_head_block_rows.
+  int64_t head_block_rows() const { return head_block_rows_; }
+  void set_head_block_rows(int64_t rows);  // tests: several blocks on a small model
 
   // logits [T, V] (or [1, V] with last_only) for ids [T], continuing the sequence in `st`
   // (st.n_tokens += T). Token ids outside [0, V) are a k3::Error naming the position.
@@ -177,7 +193,12 @@ class K3ModelT {
   MatT<R> lm_head_;                    // [V, d] (the embedding when tied)
   std::shared_ptr<ExpertProvider> provider_;  // memory-limited inference (float only)
   std::shared_ptr<TrunkProvider> trunk_;      // the trunk streamed (float only)
+  std::shared_ptr<HeadProvider> head_;        // the embedding and lm_head streamed (float only)
   bool trunk_streamed_ = false;               // the store holds no layer matrices (needs trunk_)
+  bool head_streamed_ = false;                // the store holds no embedding / lm_head (needs head_)
+  int64_t head_block_rows_ = 0;
+  void embed(R* dst, const int32_t* ids, int64_t T) const;        // rows of the embedding
+  void lm_head(R* logits, const R* h, int64_t rows) const;         // logits [rows, V] = h lm_head^T, by blocks
   // The views of layer i for this call: the model's own, or the trunk provider's (acquired,
   // with the next layer's read started).
   const LayerWeightsT<R>& layer_for_call(int64_t i) const;

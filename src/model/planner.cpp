@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/k3_model.h"
 #include "model/weights.h"
 
 namespace k3 {
@@ -115,7 +116,28 @@ uint64_t working_bytes_estimate(const K3Config& c, int64_t tokens) {
                             c.num_experts);
   const double per_token = 4.0 * (15.0 * HD + mla + ffn + (4.0 + blocks) * double(c.hidden_size) + moe +
                                   double(c.vocab_size));
-  return uint64_t(1.1 * per_token * double(std::max<int64_t>(tokens, 1))) + (uint64_t(48) << 20);
+  int64_t tensors = 0;
+  for (const ParamSpec& s : k3_param_specs(c)) tensors += s.component == Component::RoutedExperts ? 2 : 1;
+  return uint64_t(1.1 * per_token * double(std::max<int64_t>(tokens, 1))) + (uint64_t(48) << 20) +
+         uint64_t(tensors) * 1400;
+}
+
+TrunkRingPlan TrunkRingPlan::pinned_prefix(int64_t P) const {
+  TrunkRingPlan r = *this;
+  const int64_t L = int64_t(layer_read.size());
+  r.pinned = std::clamp<int64_t>(P, 0, L);
+  r.pinned_bytes = r.pass_bytes = r.pass_payload = r.slot_bytes = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    if (i < r.pinned) {
+      r.pinned_bytes += layer_held[size_t(i)];
+      continue;
+    }
+    r.pass_bytes += layer_read[size_t(i)];
+    r.pass_payload += layer_payload[size_t(i)];
+    r.slot_bytes = std::max(r.slot_bytes, layer_slot[size_t(i)]);
+  }
+  r.slot_bytes = std::max<uint64_t>(r.slot_bytes, 1);
+  return r;
 }
 
 TrunkRingPlan trunk_ring_plan(const K3Config& c, int64_t slots) {
@@ -127,6 +149,7 @@ TrunkRingPlan trunk_ring_plan(const K3Config& c, int64_t slots) {
     if (is_streamable_layer_matrix(s)) layer[size_t(s.layer)] += uint64_t(s.numel()) * 2;
     else p.resident_bytes += uint64_t(s.numel()) * (s.shape.size() == 2 && s.shape[0] >= 2 && s.shape[1] >= 2 ? 2 : 4);
   }
+  p.layer_slot = p.layer_read = p.layer_payload = p.layer_held = layer;
   for (uint64_t b : layer) {
     p.slot_bytes = std::max(p.slot_bytes, b);
     p.pass_bytes += b;
@@ -135,9 +158,23 @@ TrunkRingPlan trunk_ring_plan(const K3Config& c, int64_t slots) {
   return p;
 }
 
+HeadStreamPlan head_stream_plan(const K3Config& c, int64_t buffers) {
+  HeadStreamPlan h;
+  h.streamed = true;
+  h.buffers = std::max<int64_t>(1, buffers);
+  h.block_rows = lm_head_block_rows(c);
+  h.blocks = (c.vocab_size + h.block_rows - 1) / h.block_rows;
+  const uint64_t row = uint64_t(c.hidden_size) * 2;  // bf16
+  h.pass_bytes = uint64_t(c.vocab_size) * row;
+  h.embed_row_bytes = (row + 4095) / 4096 * 4096 + 4096;
+  h.buffer_bytes = uint64_t(h.buffers) * ((uint64_t(h.block_rows) * row + 8191) / 4096 * 4096) + h.embed_row_bytes;
+  h.held_bytes = uint64_t(c.vocab_size) * row * (c.tie_word_embeddings ? 1 : 2);
+  return h;
+}
+
 StreamProjection project_streaming(const K3Config& c, uint64_t budget, double bw, int64_t prefill_tokens,
                                    uint64_t trunk_bytes, uint64_t slot_bytes, uint64_t reserve,
-                                   const TrunkRingPlan& ring) {
+                                   const TrunkRingPlan& ring, const HeadStreamPlan& head) {
   StreamProjection p;
   p.budget = budget;
   p.reserve = reserve ? reserve : working_bytes_estimate(c, prefill_tokens);
@@ -154,12 +191,16 @@ StreamProjection project_streaming(const K3Config& c, uint64_t budget, double bw
   p.slot_bytes = slot_bytes ? slot_bytes : p.expert_bytes;
   p.experts_total = p.moe_layers * p.E;
   p.ring = ring;
-  const uint64_t held = ring.slots > 0 ? ring.held_bytes() : p.trunk_bytes;
+  p.head = head;
+  const uint64_t whole = ring.slots > 0 ? ring.held_bytes() : p.trunk_bytes;
+  const uint64_t held = head.streamed ? whole - std::min(whole, head.held_bytes) + head.buffer_bytes : whole;
   p.min_budget = held + p.reserve + 2 * p.slot_bytes;
   p.fits = p.moe_layers > 0 && budget >= p.min_budget;
   if (p.fits)
     p.cache_slots = std::min<int64_t>(p.experts_total, int64_t((budget - held - p.reserve) / p.slot_bytes));
   if (ring.slots > 0) p.trunk_bytes_per_call = double(ring.pass_bytes);
+  p.head_bytes_per_call = double(head.bytes_per_call());
+  p.embed_bytes_per_token = double(head.bytes_per_token());
   p.hit_rate = p.experts_total > 0 ? double(p.cache_slots) / double(p.experts_total) : 0;
   const double eb = double(p.expert_bytes), miss = 1 - p.hit_rate;
   p.decode_bytes_per_token = double(p.moe_layers * p.top_k) * eb * miss;
@@ -169,8 +210,10 @@ StreamProjection project_streaming(const K3Config& c, uint64_t budget, double bw
   p.prefill_bytes_per_chunk = double(p.moe_layers) * distinct * eb;  // a cold cache
   p.all_streamed_bytes_per_token = double(p.trunk_bytes) + double(p.moe_layers * p.top_k) * eb;
   if (bw > 0) {
-    p.decode_s_per_token = (p.decode_bytes_per_token + p.trunk_bytes_per_call) / bw;
-    p.prefill_s_per_chunk = (p.prefill_bytes_per_chunk + p.trunk_bytes_per_call) / bw;
+    const double per_call = p.trunk_bytes_per_call + p.head_bytes_per_call;
+    p.decode_s_per_token = (p.decode_bytes_per_token + per_call + p.embed_bytes_per_token) / bw;
+    p.prefill_s_per_chunk =
+        (p.prefill_bytes_per_chunk + per_call + p.embed_bytes_per_token * double(prefill_tokens)) / bw;
     p.all_streamed_s_per_token = p.all_streamed_bytes_per_token / bw;
     p.trunk_s_per_call = p.trunk_bytes_per_call / bw;
   }
@@ -179,18 +222,56 @@ StreamProjection project_streaming(const K3Config& c, uint64_t budget, double bw
 
 StreamProjection plan_streaming(const K3Config& c, uint64_t budget, double bw, int64_t prefill_tokens,
                                 uint64_t trunk_bytes, uint64_t slot_bytes, uint64_t reserve, TrunkRingPlan ring,
-                                bool force_ring, int64_t ring_slots) {
-  if (!force_ring) {
-    StreamProjection p = project_streaming(c, budget, bw, prefill_tokens, trunk_bytes, slot_bytes, reserve);
-    if (p.fits) return p;
-  }
-  StreamProjection p;
+                                HeadStreamPlan head, bool force_ring, int64_t ring_slots, bool force_head,
+                                int64_t pinned) {
+  if (force_ring && pinned < 0) pinned = 0;  // a ring asked for (measurements): every layer through it
+  if (reserve == 0) reserve = working_bytes_estimate(c, prefill_tokens);  // once, not per option
+  HeadStreamPlan held = head, streamed = head;
+  held.streamed = false;
+  streamed.streamed = true;
+  // Streaming a head no larger than its buffers saves nothing: held then, unless forced.
+  std::vector<const HeadStreamPlan*> heads;
+  if (!force_head) heads.push_back(&held);
+  if (force_head || head.held_bytes > head.buffer_bytes) heads.push_back(&streamed);
+  StreamProjection last;
+  if (!force_ring)  // 1-2: the layers resident
+    for (const HeadStreamPlan* h : heads) {
+      last = project_streaming(c, budget, bw, prefill_tokens, trunk_bytes, slot_bytes, reserve, TrunkRingPlan{}, *h);
+      if (last.fits) return last;
+    }
+  const int64_t L = int64_t(ring.layer_read.size());
   for (int64_t n : ring_slots > 0 ? std::vector<int64_t>{ring_slots} : std::vector<int64_t>{2, 1}) {
     ring.slots = n;
-    p = project_streaming(c, budget, bw, prefill_tokens, trunk_bytes, slot_bytes, reserve, ring);
-    if (p.fits) return p;
+    StreamProjection best;
+    double best_bytes = 0;
+    for (const HeadStreamPlan* h : heads) {
+      auto project = [&](int64_t P) {
+        return project_streaming(c, budget, bw, prefill_tokens, trunk_bytes, slot_bytes, reserve,
+                                 ring.pinned_prefix(P), *h);
+      };
+      StreamProjection p = project(std::max<int64_t>(pinned, 0));
+      last = p;
+      if (!p.fits) continue;
+      if (pinned < 0) {
+        // The longest prefix that leaves the minimum expert cache: the held bytes grow by the
+        // pinned layers and shrink with the ring's slot (the largest layer left streamed).
+        const int64_t want = std::min<int64_t>(p.experts_total, 2 * p.top_k);
+        const uint64_t need = p.min_budget + uint64_t(std::max<int64_t>(want - 2, 0)) * p.slot_bytes;
+        const uint64_t base = p.ring.held_bytes();
+        for (int64_t P = L - 1; P >= 1 && budget >= need; --P) {
+          const uint64_t hb = ring.pinned_prefix(P).held_bytes();
+          if (hb <= base || hb - base <= budget - need) {
+            p = project(P);
+            break;
+          }
+        }
+      }
+      const double bytes = p.decode_bytes_per_token + p.trunk_bytes_per_call + p.head_bytes_per_call;
+      if (!best.fits || bytes < best_bytes) best = p, best_bytes = bytes;
+    }
+    if (best.fits) return best;
   }
-  return p;
+  return last;
 }
 
 std::string stream_projection_line(const StreamProjection& p) {
@@ -200,17 +281,29 @@ std::string stream_projection_line(const StreamProjection& p) {
     return std::string(buf);
   };
   const TrunkRingPlan& r = p.ring;
-  char ring[512] = "";
+  const HeadStreamPlan& h = p.head;
+  char head[320] = "";
+  if (h.streamed)
+    std::snprintf(head, sizeof head,
+                  "; embedding and lm_head streamed (%s held otherwise): lm_head in %lld blocks of %lld rows through "
+                  "%lld buffers, %s with the row buffer, %s read per call, one embedding row per token",
+                  gb(double(h.held_bytes)).c_str(), (long long)h.blocks, (long long)h.block_rows, (long long)h.buffers,
+                  gb(double(h.buffer_bytes)).c_str(), gb(p.head_bytes_per_call).c_str());
+  const uint64_t held_rest = r.resident_bytes - (h.streamed ? std::min(r.resident_bytes, h.held_bytes) : 0);
+  char ring[768] = "";
   if (r.slots > 0)
     std::snprintf(ring, sizeof ring,
-                  "trunk streamed through a ring of %lld slot%s x %s (the largest layer%s) + %s held (embedding, "
-                  "lm_head, norms)",
+                  "trunk streamed through a ring of %lld slot%s x %s (the largest layer%s) + %s held (%s)%s%s",
                   (long long)r.slots, r.slots > 1 ? "s" : "", gb(double(r.slot_bytes)).c_str(),
                   (r.slots > 1 ? std::string("; the next layer is read while one computes")
                                : "; no overlap: a second slot needs +" + gb(double(r.slot_bytes)))
                       .c_str(),
-                  gb(double(r.resident_bytes)).c_str());
-  char buf[1536];
+                  gb(double(held_rest)).c_str(), h.streamed ? "norms and vectors" : "embedding, lm_head, norms",
+                  r.pinned > 0 ? (" + " + std::to_string(r.pinned) + " leading layers pinned (" +
+                                  gb(double(r.pinned_bytes)) + ", never read)").c_str()
+                               : "",
+                  head);
+  char buf[2048];
   if (!p.fits) {
     if (r.slots > 0)
       std::snprintf(buf, sizeof buf,
@@ -221,26 +314,29 @@ std::string stream_projection_line(const StreamProjection& p) {
                     p.disk_bytes_per_s / 1e9);
     else
       std::snprintf(buf, sizeof buf,
-                    "plan: budget %s is below the resident minimum %s (dense trunk %s resident, %s working memory, 2 "
+                    "plan: budget %s is below the resident minimum %s (dense trunk %s resident%s, %s working memory, 2 "
                     "expert slots of %.1f MB)",
                     gb(double(p.budget)).c_str(), gb(double(p.min_budget)).c_str(), gb(double(p.trunk_bytes)).c_str(),
-                    gb(double(p.reserve)).c_str(), double(p.slot_bytes) / 1e6);
+                    head, gb(double(p.reserve)).c_str(), double(p.slot_bytes) / 1e6);
     return buf;
   }
-  const std::string trunk = r.slots > 0 ? std::string(ring) : "trunk " + gb(double(p.trunk_bytes)) + " resident";
-  const double tb = p.trunk_bytes_per_call;
-  const std::string trunk_reads = r.slots > 0 ? " + trunk " + gb(tb) : "";
+  const std::string trunk = r.slots > 0 ? std::string(ring)
+                                        : h.streamed ? "trunk " + gb(double(p.trunk_bytes - std::min(p.trunk_bytes, h.held_bytes))) +
+                                                           " resident" + head
+                                                     : "trunk " + gb(double(p.trunk_bytes)) + " resident";
+  const double per_call = p.trunk_bytes_per_call + p.head_bytes_per_call;
+  const std::string trunk_reads =
+      per_call > 0 ? (p.head_bytes_per_call > 0 ? " + trunk and lm_head " : " + trunk ") + gb(per_call) : "";
   const double bw = p.disk_bytes_per_s;
-  (void)tb;
   std::snprintf(buf, sizeof buf,
                 "plan: budget %s = %s + %s working + expert cache %lld slots x %.1f MB (%.1f %% of %lld experts); "
                 "flat-routing hit rate %.3f; decode reads %s/token of experts%s -> >= %.3f s/token at %.2f GB/s; "
                 "prefill chunk of %lld tokens reads %s%s -> >= %.2f s",
                 gb(double(p.budget)).c_str(), trunk.c_str(), gb(double(p.reserve)).c_str(), (long long)p.cache_slots,
                 double(p.slot_bytes) / 1e6, 100.0 * p.hit_rate, (long long)p.experts_total, p.hit_rate,
-                gb(p.decode_bytes_per_token).c_str(), trunk_reads.c_str(),
-                p.decode_s_per_token, bw / 1e9, (long long)p.prefill_tokens, gb(p.prefill_bytes_per_chunk).c_str(),
-                trunk_reads.c_str(), p.prefill_s_per_chunk);
+                gb(p.decode_bytes_per_token).c_str(), trunk_reads.c_str(), p.decode_s_per_token, bw / 1e9,
+                (long long)p.prefill_tokens, gb(p.prefill_bytes_per_chunk).c_str(), trunk_reads.c_str(),
+                p.prefill_s_per_chunk);
   return buf;
 }
 

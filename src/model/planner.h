@@ -5,6 +5,7 @@
 // reproduces for the released config: about 2.78 T total, 104.2 B active per token.
 #pragma once
 #include <array>
+#include <vector>
 #include <cstdint>
 #include <string>
 
@@ -138,16 +139,43 @@ DataParallelComm project_data_parallel(const K3Config& c, int64_t ranks, int64_t
 // The trunk held as a ring (slots > 0) or resident (slots 0).
 struct TrunkRingPlan {
   int64_t slots = 0;
-  uint64_t slot_bytes = 0;      // one slot: the largest layer's matrices as read
+  uint64_t slot_bytes = 0;      // one slot: the largest streamed layer's matrices as read
   uint64_t resident_bytes = 0;  // the trunk's other tensors, held
-  uint64_t pass_bytes = 0;      // one pass over every layer, as read from disk (alignment included)
+  uint64_t pass_bytes = 0;      // one pass over every streamed layer, as read from disk (alignment included)
   uint64_t pass_payload = 0;    // the same, matrix bytes only
+  // A prefix of layers pinned: their matrices held (as the resident engine holds them) and
+  // never read, the ring streaming layers pinned .. L-1 (pinned_prefix).
+  int64_t pinned = 0;
+  uint64_t pinned_bytes = 0;
+  std::vector<uint64_t> layer_slot, layer_read, layer_payload, layer_held;  // per layer: slot, read, payload, held bytes
   uint64_t ring_bytes() const { return uint64_t(slots) * slot_bytes; }
-  uint64_t held_bytes() const { return resident_bytes + ring_bytes(); }
+  uint64_t held_bytes() const { return resident_bytes + ring_bytes() + pinned_bytes; }
+  // The same ring with layers [0, P) pinned (slot, pass and pinned bytes recomputed from the
+  // per-layer figures).
+  TrunkRingPlan pinned_prefix(int64_t P) const;
 };
 // The ring from the config alone (the released layout: matrices bf16, vectors f32; no
 // alignment widening): `k3cpp plan` for a model that is not on disk.
 TrunkRingPlan trunk_ring_plan(const K3Config& c, int64_t slots);
+
+// The embedding and lm_head (infer/head_stream.h): held (streamed false), or streamed, the
+// lm_head read in blocks through owned buffers once per forward call (when it has more
+// blocks than buffers; else once) and one embedding row read per token.
+struct HeadStreamPlan {
+  bool streamed = false;
+  uint64_t held_bytes = 0;       // the embedding and lm_head as the engine holds them (what streaming frees)
+  uint64_t buffer_bytes = 0;     // streamed: the lm_head block buffers + the embedding row buffer
+  int64_t blocks = 0, buffers = 0, block_rows = 0;
+  uint64_t pass_bytes = 0;       // one pass over the lm_head as read (alignment included)
+  uint64_t embed_row_bytes = 0;  // one embedding row as read (at most: its 4096-byte aligned window)
+  uint64_t bytes_per_call() const { return streamed && blocks > buffers ? pass_bytes : 0; }
+  uint64_t bytes_per_token() const { return streamed ? embed_row_bytes : 0; }
+  // Held bytes saved by streaming (negative never: a head smaller than its buffers is not streamed).
+  uint64_t saving() const { return streamed && held_bytes > buffer_bytes ? held_bytes - buffer_bytes : 0; }
+};
+// From the config alone (bf16 as released, blocks of lm_head_block_rows, no alignment beyond
+// the row windows): `k3cpp plan` for a model that is not on disk.
+HeadStreamPlan head_stream_plan(const K3Config& c, int64_t buffers = 2);
 
 struct StreamProjection {
   uint64_t budget = 0, trunk_bytes = 0, reserve = 0;
@@ -157,6 +185,8 @@ struct StreamProjection {
   uint64_t min_budget = 0;  // trunk (or its resident part + ring) + reserve + 2 slots
   bool fits = false;        // budget >= min_budget
   TrunkRingPlan ring;       // slots 0: the trunk resident
+  HeadStreamPlan head;      // streamed false: the embedding and lm_head held
+  double head_bytes_per_call = 0, embed_bytes_per_token = 0;  // head streamed: lm_head per call, a row per token
   double trunk_bytes_per_call = 0, trunk_s_per_call = 0;  // ring: every layer read once per call
   double disk_bytes_per_s = 0;
   double hit_rate = 0;
@@ -169,21 +199,38 @@ struct StreamProjection {
 // scratch buffers, which grow to the largest call and are kept): per token 4 bytes x (KDA
 // scratch 15 H D + MLA scratch Hm (qk + nope + 4 v) + dense / shared FFN 3 max(I, S F) +
 // 4 d + blocks d + MoE k l + 4 l + E + logits V), plus 10 % and 48 MiB for the allocator,
-// threads and the rest. An estimate, checked by the RssAnon measurements.
+// threads and the rest, plus the checkpoint's index while loading: 1400 bytes per stored
+// tensor (routed experts as MXFP4: 6 per expert). That index term is what small models
+// missed: the safetensors header's JSON tree, the tensor table and the expert locations
+// (measured: 51 MB peak RssAnon opening the 37,845-tensor header of the main job's 8-layer,
+// 896-expert model; the freed tree is returned after the load, the peak stays). An
+// estimate, checked by the RssAnon measurements.
 uint64_t working_bytes_estimate(const K3Config& c, int64_t tokens);
 // trunk_bytes 0: the config's dense weights in bf16 (as released); slot_bytes 0: expert_bytes.
 StreamProjection project_streaming(const K3Config& c, uint64_t budget, double disk_bytes_per_s,
                                    int64_t prefill_tokens = 512, uint64_t trunk_bytes = 0, uint64_t slot_bytes = 0,
                                    uint64_t reserve = 0,  // 0: working_bytes_estimate(c, prefill_tokens)
-                                   const TrunkRingPlan& ring = {});
-// The engine's choice of how the trunk is held (infer/weight_stream.h load_inference_model):
-// resident when it fits with the reserve and two expert slots (and !force_ring), else a ring
-// of ring_slots slots (0: two, else one, which reads without overlap); `ring` gives the
-// ring's sizes (its slots are ignored). When nothing fits: the smallest ring's projection
-// (its min_budget is the minimum), fits false.
+                                   const TrunkRingPlan& ring = {}, const HeadStreamPlan& head = {});
+// The engine's choice of how the trunk is held (infer/weight_stream.h load_inference_model),
+// the first of these that fits with the reserve and two expert slots (fewest bytes read per
+// token first, then overlap):
+//   1. everything resident;  2. the layers resident, the embedding and lm_head streamed;
+//   3. a ring of two slots, the head held;  4. two slots, the head streamed;
+//   5. one slot (reads without overlap), the head held;  6. one slot, the head streamed.
+// force_ring skips 1-2, ring_slots > 0 replaces two / one by that many, force_head skips the
+// head held; `ring` and `head` give the sizes (their slots / streamed are ignored; a head
+// whose buffers would not save memory is never streamed unless forced). With a ring, the
+// longest prefix of layers that fits is pinned (held, never read: a pinned byte saves a byte
+// read per call, more than any expert cache byte, which saves top_k / E of one), leaving at
+// least min(2 top_k, all experts) cache slots; for one ring size, the head held or streamed,
+// whichever then reads fewer bytes per decode token (held on a tie). pinned >= 0: exactly
+// that many layers pinned (tests, measurements; refused if they do not fit); force_ring
+// alone pins none. When nothing
+// fits: the last option's projection (its min_budget is the minimum), fits false.
 StreamProjection plan_streaming(const K3Config& c, uint64_t budget, double disk_bytes_per_s, int64_t prefill_tokens,
                                 uint64_t trunk_bytes, uint64_t slot_bytes, uint64_t reserve, TrunkRingPlan ring,
-                                bool force_ring = false, int64_t ring_slots = 0);
+                                HeadStreamPlan head, bool force_ring = false, int64_t ring_slots = 0,
+                                bool force_head = false, int64_t pinned = -1);
 // One line: "plan: budget 8.00 GB = trunk ... ; expert cache N slots ...; predicted ...".
 std::string stream_projection_line(const StreamProjection& p);
 

@@ -3,8 +3,8 @@
 // weight views while that layer computes (infer/trunk_ring.h reads them from the checkpoint
 // into a ring of owned slots; K3_REFERENCE section 9). The float engine's forward and
 // forward_batch (prefill chunks and decode steps alike) run, per call:
-//   begin_call(); for i in 0..L-1: w = acquire(i); prefetch((i + 1) % L); layer i on w;
-//   release(i); end_call()
+//   begin_call(); for i in 0..L-1: w = acquire(i); prefetch(i + 1, or P after the last); layer i
+//   on w; release(i); end_call()   (layers i < P = first_streamed() pinned: the store's views)
 // so layer i + 1 (and, at the last layer, layer 0 of the next call) is read while layer i
 // computes. A call that throws still ends (end_call releases what it holds).
 #pragma once
@@ -28,6 +28,9 @@ class TrunkProvider {
   // Start reading `layer` into a free slot (no-op when it is there or on its way).
   virtual void prefetch(int64_t layer) = 0;
   virtual void release(int64_t layer) = 0;
+  // Layers below this one are pinned: the model's store holds them and computes them from its
+  // own views (acquire / prefetch / release only for layers >= first_streamed()).
+  virtual int64_t first_streamed() const { return 0; }
 };
 
 }  // namespace k3

@@ -10,6 +10,10 @@ bool is_streamable_layer_matrix(const ParamSpec& s) {
          s.shape[1] >= 2;
 }
 
+bool is_streamable_head_matrix(const ParamSpec& s) {
+  return s.component == Component::Embedding || s.component == Component::LmHead;
+}
+
 ParamLayout::ParamLayout(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& held_as_bf16,
                          const std::vector<bool>& streamed)
     : specs_(k3_param_specs(cfg)), bf16_(held_as_bf16), streamed_(streamed), experts_(experts) {
@@ -26,7 +30,8 @@ ParamLayout::ParamLayout(const K3Config& cfg, ExpertStorage experts, const std::
       continue;
     }
     if (this->streamed(i)) {
-      K3_ASSERT(is_streamable_layer_matrix(s), "only a layer's dense matrices can be streamed: " + s.name);
+      K3_ASSERT(is_streamable_layer_matrix(s) || is_streamable_head_matrix(s),
+                "only a layer's dense matrices, the embedding and the lm_head can be streamed: " + s.name);
       offsets_[i] = -1;
       continue;
     }

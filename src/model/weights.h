@@ -119,5 +119,7 @@ class WeightStore {
 // (rank 2, both sides >= 2, not routed experts); a layer's vectors, norms and conv taps stay
 // held (they are < 1 % of its bytes).
 bool is_streamable_layer_matrix(const ParamSpec& s);
+// The embedding and the lm_head, which a HeadProvider streams (model/head_provider.h).
+bool is_streamable_head_matrix(const ParamSpec& s);
 
 }  // namespace k3

@@ -32,7 +32,7 @@ std::string make_model(const k3::test::TempDir& t) {
   c.kda_layers = {1, 3};
   c.moe_intermediate_size = 64;
   c.attn_res_block_size = 2;
-  c.vocab_size = 260;
+  c.vocab_size = 8192;
   const std::string cfg = t.sub("cfg.json"), dir = t.sub("m");
   write_text_file_atomic(cfg, config_to_hf_json(c));
   const RunResult r = k3cpp("init " + q(cfg) + " " + q(dir) + " --seed 5 --experts mxfp4 --dtype bf16");
@@ -41,12 +41,14 @@ std::string make_model(const k3::test::TempDir& t) {
 }
 
 // 13 layers 512 wide (configs/tiny.json otherwise), bf16: a trunk of ~12 MB against two
-// layers of ~1 MB, so a budget between the ring's minimum and the resident one exists.
+// layers of ~1 MB, so a budget between the ring's minimum and the resident one exists, and a
+// vocabulary of 8192 (an embedding and lm_head of 16.8 MB), so that at the minimum they are
+// streamed.
 std::string make_wide_model(const k3::test::TempDir& t) {
   K3Config c = load_config(std::string(K3_SOURCE_DIR) + "/configs/tiny.json");
   c.hidden_size = 512;
   c.moe_intermediate_size = 64;
-  c.vocab_size = 260;
+  c.vocab_size = 8192;
   const std::string cfg = t.sub("wide.json"), dir = t.sub("w");
   write_text_file_atomic(cfg, config_to_hf_json(c));
   const RunResult r = k3cpp("init " + q(cfg) + " " + q(dir) + " --seed 7 --experts mxfp4 --dtype bf16");
@@ -89,6 +91,15 @@ TEST(CliRamBudget, ABudgetBelowTheTrunkStreamsItAndEqualsTheResidentRun) {
   EXPECT_EQ(g1.out, g0.out);
   EXPECT_TRUE(has(g1.err, "trunk streamed through a ring of")) << g1.err;
   EXPECT_TRUE(has(g1.err, "generate: decode: 4 tokens") && has(g1.err, "trunk read ")) << g1.err;
+  // Just above the minimum (printed to 1 MB; holding the embedding and lm_head would need 8 MB
+  // more): they are streamed, and the logits still equal the resident run's.
+  std::snprintf(budget, sizeof budget, "%.4f", ring_min + 0.002);
+  const RunResult m = k3cpp(fwd + q(t.sub("m.f32")) + " --disk-gbps 1 --ram-budget " + budget);
+  ASSERT_EQ(m.rc, 0) << m.err;
+  EXPECT_EQ(slurp(t.sub("m.f32")), slurp(t.sub("res.f32")));
+  EXPECT_TRUE(has(m.err, "embedding and lm_head streamed")) << m.err;
+  EXPECT_TRUE(has(m.err, "head stream: 6 embedding rows read")) << m.err;
+  EXPECT_TRUE(has(m.err, "under")) << m.err;  // peak RssAnon against the budget
 }
 
 TEST(CliRamBudget, ForwardAndGenerateEqualTheResidentRun) {
@@ -141,13 +152,27 @@ TEST(CliRamBudget, PlanProjectsTheFullK3) {
   const std::string k3 = q(std::string(K3_SOURCE_DIR) + "/configs/kimi-k3.json");
   RunResult r = k3cpp("plan " + k3 + " --ram-budget 8 --disk-gbps 7");
   ASSERT_EQ(r.rc, 0) << r.err;
-  // The bf16 trunk (~110 GB) does not fit 8 GB, nor its embedding and lm_head (4.7 GB) with a
-  // ring slot for the dense first layer (2.3 GB) and the working memory: the minimum is named.
+  // The bf16 trunk (~110 GB) does not fit 8 GB, nor its embedding and lm_head (4.7 GB) beside
+  // a ring of two slots for the dense first layer (2.3 GB each) and the working memory: they
+  // are streamed (the lm_head read in blocks once per call) and 8 GB runs.
+  EXPECT_FALSE(has(r.out, "below the minimum")) << r.out;
+  EXPECT_TRUE(has(r.out, "trunk streamed through a ring of 2 slots")) << r.out;
+  EXPECT_TRUE(has(r.out, "embedding and lm_head streamed")) << r.out;
+  EXPECT_TRUE(has(r.out, "2.35 GB read per call")) << r.out;
+  r = k3cpp("plan " + k3 + " --ram-budget 8 --disk-gbps 7 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "\"fits\": true")) << r.out;
+  EXPECT_TRUE(has(r.out, "\"head_streamed\": true")) << r.out;
+  // Below even a one-slot ring with the head streamed (about 4.1 GB), the minimum is named.
+  r = k3cpp("plan " + k3 + " --ram-budget 4 --disk-gbps 7");
+  ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(has(r.out, "below the minimum")) << r.out;
   EXPECT_TRUE(has(r.out, "trunk streamed through a ring of 1 slot")) << r.out;
   r = k3cpp("plan " + k3 + " --ram-budget 12 --disk-gbps 7");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(has(r.out, "trunk streamed through a ring of 2 slots")) << r.out;
+  // Room for layers beyond the ring: a prefix of them pinned (held, never read).
+  EXPECT_TRUE(has(r.out, "leading layers pinned")) << r.out;
   r = k3cpp("plan " + k3 + " --ram-budget 256 --disk-gbps 7 --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(has(r.out, "\"decode_bytes_per_token\"")) << r.out;

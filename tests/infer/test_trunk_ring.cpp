@@ -6,7 +6,8 @@
 // under a budget below the trunk, an injected failed / short trunk read giving an error naming
 // the file, the offset and the tensor with the next call correct (a transient fault on a read
 // ahead retried), two threads sharing the
-// ring, and a budget below the ring's minimum naming it.
+// ring (and the streamed head), a pinned prefix of layers, and a budget below the ring's
+// minimum naming it.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 
 #include "common/cli_run.h"
 #include "common/random_model.h"
+#include "common/streamed_model.h"
 #include "core/error.h"
 #include "infer/mem_probe.h"
 #include "infer/session.h"
@@ -29,37 +31,12 @@
 #include "model/checkpoint.h"
 
 using namespace k3;
+using k3::test::bitwise_equal;
+using k3::test::run_batch;
+using k3::test::run_session;
+using k3::test::saved_model;
 
 namespace {
-
-struct Saved {
-  std::unique_ptr<test::TempDir> dir;
-  std::string path;
-};
-
-// 128-wide, 5 layers (a dense first one, MLA at the fourth; `full`: the 13 of configs/tiny.json),
-// MXFP4 experts of width 256 (E experts), dense weights in `dense`.
-const Saved& saved_model(DType dense, int64_t E = 0, bool full = false) {
-  static std::map<std::tuple<int, int64_t, bool>, Saved> cache;
-  Saved& s = cache[{int(dense), E, full}];
-  if (!s.dir) {
-    s.dir = std::make_unique<test::TempDir>("k3_ring");
-    s.path = s.dir->sub("m");
-    K3Config c = test::tiny_config(0, 256);
-    if (!full) {
-      c.num_hidden_layers = 5;
-      c.full_attn_layers = {4};
-      c.kda_layers = {1, 2, 3, 5};
-    }
-    if (E > 0) c.num_experts = E;
-    const K3Model m = test::random_model(c, 17, ExpertStorage::Mxfp4);
-    SaveOptions so;
-    so.experts = ExpertStorage::Mxfp4;
-    so.dense_dtype = dense;
-    save_checkpoint(s.path, m.weights(), so);
-  }
-  return s;
-}
 
 LoadOptions load_opts(uint64_t budget, bool as_stored) {
   LoadOptions lo;
@@ -82,48 +59,6 @@ StreamOptions ring_opts(int64_t trunk_slots, IoMode io = IoMode::Auto) {
 
 InferenceModel ringed(const std::string& dir, const StreamOptions& so, bool as_stored = false) {
   return load_inference_model(open_model_dir(dir), load_opts(kBigBudget, as_stored), so, 1e9);
-}
-
-// Prefill (in chunks of `chunk` tokens), decode steps; every returned logit row concatenated.
-std::vector<float> run_session(const K3Model& m, const std::vector<int32_t>& ids, int64_t prefill, int64_t chunk = 0) {
-  Session s(m);
-  const int64_t V = m.dims().V;
-  std::vector<float> out;
-  if (chunk <= 0) chunk = prefill;
-  for (int64_t p = 0; p < prefill; p += chunk) {
-    const float* l = s.prefill(ids.data() + p, std::min(chunk, prefill - p));
-    out.insert(out.end(), l, l + V);
-  }
-  for (size_t i = size_t(prefill); i < ids.size(); ++i) {
-    const float* l = s.step(ids[i]);
-    out.insert(out.end(), l, l + V);
-  }
-  return out;
-}
-
-std::vector<float> run_batch(const K3Model& m, int steps) {
-  const std::vector<int32_t> pa = {1, 2, 3}, pb = {4, 5};
-  DecodeState a = m.new_state(), b = m.new_state();
-  ForwardScratch s;
-  const int64_t V = m.dims().V;
-  std::vector<float> la(pa.size() * size_t(V)), lb(pb.size() * size_t(V));
-  m.forward(la.data(), pa.data(), int64_t(pa.size()), a, s);
-  m.forward(lb.data(), pb.data(), int64_t(pb.size()), b, s);
-  std::vector<float> out(la), logits(size_t(2 * V));
-  out.insert(out.end(), lb.begin(), lb.end());
-  std::vector<int32_t> ids = {3, 7};
-  const int64_t seg[3] = {0, 1, 2};
-  DecodeState* st[2] = {&a, &b};
-  for (int i = 0; i < steps; ++i) {
-    m.forward_batch(logits.data(), ids.data(), seg, 2, st, s);
-    out.insert(out.end(), logits.begin(), logits.end());
-    ids = {int32_t((ids[0] * 5 + 1) % V), int32_t((ids[1] * 3 + 2) % V)};
-  }
-  return out;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 // The trunk matrices one pass reads, from the parameter table: numel x the stored dtype's size.
@@ -302,14 +237,22 @@ TEST(TrunkRing, SessionsOnTwoThreadsShareTheRing) {
   const K3Model res = load_model(dir, lo);
   const std::vector<int32_t> a = test::make_ids(7, res.dims().V, 21), b = test::make_ids(6, res.dims().V, 22);
   const std::vector<float> want_a = run_session(res, a, 4), want_b = run_session(res, b, 3);
-  InferenceModel im = ringed(dir, ring_opts(2), true);
-  std::vector<float> got_a, got_b;
-  std::thread t1([&] { got_a = run_session(im.model, a, 4); });
-  std::thread t2([&] { got_b = run_session(im.model, b, 3); });
-  t1.join();
-  t2.join();
-  EXPECT_TRUE(bitwise_equal(got_a, want_a));
-  EXPECT_TRUE(bitwise_equal(got_b, want_b));
+  for (bool head : {false, true}) {  // with the embedding and lm_head streamed too (4 blocks of 64 rows)
+    StreamOptions so = ring_opts(2);
+    so.stream_head = head;
+    so.head_block_rows = head ? 64 : 0;
+    InferenceModel im = ringed(dir, so, true);
+    ASSERT_EQ(bool(im.head), head);
+    std::vector<float> got_a, got_b;
+    std::thread t1([&] { got_a = run_session(im.model, a, 4); });
+    std::thread t2([&] { got_b = run_session(im.model, b, 3); });
+    t1.join();
+    t2.join();
+    // One row per call (last-position prefill, decode steps): the blocked lm_head product
+    // equals the unblocked one (kernels/gemv.h), so the plain resident run is the reference.
+    EXPECT_TRUE(bitwise_equal(got_a, want_a)) << "head streamed " << head;
+    EXPECT_TRUE(bitwise_equal(got_b, want_b)) << "head streamed " << head;
+  }
 }
 
 TEST(TrunkRing, ABudgetBelowTheRingNamesTheNewMinimum) {
@@ -326,4 +269,62 @@ TEST(TrunkRing, ABudgetBelowTheRingNamesTheNewMinimum) {
     EXPECT_NE(msg.find("ring of 1 slot"), std::string::npos) << msg;
     EXPECT_NE(msg.find("two slots"), std::string::npos) << msg;
   }
+}
+
+TEST(TrunkRing, APinnedPrefixIsHeldAndNeverReadAndTheLogitsStayBitwise) {
+  for (auto [dense, as_stored] : {std::pair{DType::F32, false}, std::pair{DType::BF16, true}}) {
+    const std::string dir = saved_model(dense).path;
+    LoadOptions lo;
+    lo.dense_as_stored = as_stored;
+    const K3Model res = load_model(dir, lo);
+    const std::vector<int32_t> ids = test::make_ids(12, 256, 5);
+    StreamOptions so = ring_opts(2);
+    so.trunk_pinned = 2;  // layers 0 (the dense one) and 1 held, 2-4 streamed
+    InferenceModel im = ringed(dir, so, as_stored);
+    ASSERT_TRUE(im.trunk);
+    EXPECT_EQ(im.trunk->first_streamed(), 2);
+    EXPECT_EQ(im.plan.ring.pinned, 2);
+    EXPECT_NE(im.trunk_note.find("layers 0-1 pinned"), std::string::npos) << im.trunk_note;
+    EXPECT_TRUE(bitwise_equal(run_session(im.model, ids, 8), run_session(res, ids, 8))) << dtype_name(dense);
+    EXPECT_TRUE(bitwise_equal(run_session(im.model, ids, 8, 3), run_session(res, ids, 8, 3))) << dtype_name(dense);
+    EXPECT_TRUE(bitwise_equal(run_batch(im.model, 2), run_batch(res, 2))) << dtype_name(dense);
+    // Reads: only layers 2-4, once per call (layer 2 of the next call read ahead at its end).
+    im.trunk->wait_idle();
+    im.trunk->reset_stats();
+    run_session(im.model, ids, 8);  // 1 + 4 calls
+    im.trunk->wait_idle();
+    uint64_t dev = 0;
+    for (int64_t l = 2; l < 5; ++l) dev += im.trunk->layer_device_bytes(l);
+    EXPECT_EQ(im.trunk->layer_device_bytes(0) + im.trunk->layer_device_bytes(1), 0u);
+    EXPECT_EQ(im.plan.trunk_bytes_per_call, double(dev));
+    const TrunkStats st = im.trunk->stats();
+    EXPECT_EQ(st.acquires, 5 * 3);
+    EXPECT_EQ(st.layer_reads, 5 * 3);
+    EXPECT_EQ(st.device_bytes, 5 * dev);
+  }
+}
+
+TEST(TrunkRing, ABudgetWithRoomForSomeLayersPinsThem) {
+  const std::string dir = saved_model(DType::F32, 0, /*full=*/true).path;  // 13 layers
+  const ModelDir md = open_model_dir(dir);
+  const CheckpointReader ck = CheckpointReader::open(dir);
+  uint64_t slot = 0, expert = 0;
+  ExpertStreamer::measure(ck, md.config, &slot, &expert);
+  const TrunkRingPlan ring = TrunkRing::measure(ck, md.config, false, 2);
+  StreamOptions so;
+  so.working_reserve_bytes = uint64_t(4) << 20;
+  // Room for the ring, the minimum cache (2 top_k slots) and about three layers beside them.
+  const uint64_t want_slots = uint64_t(2 * md.config.num_experts_per_token);
+  const TrunkRingPlan three = ring.pinned_prefix(3);
+  const uint64_t budget = three.held_bytes() + so.working_reserve_bytes + want_slots * slot + slot;
+  ASSERT_LT(budget, ring.pinned_prefix(4).held_bytes() + so.working_reserve_bytes + want_slots * slot);
+  InferenceModel im = load_inference_model(md, load_opts(budget, false), so, 1e9);
+  ASSERT_TRUE(im.trunk);
+  EXPECT_EQ(im.trunk->first_streamed(), 3);
+  EXPECT_GE(im.stream->slots(), int64_t(want_slots));
+  EXPECT_NE(stream_projection_line(im.plan).find("3 leading layers pinned"), std::string::npos)
+      << stream_projection_line(im.plan);
+  const K3Model res = load_model(dir);
+  const std::vector<int32_t> ids = test::make_ids(8, im.model.dims().V, 8);
+  EXPECT_TRUE(bitwise_equal(run_session(im.model, ids, 6), run_session(res, ids, 6)));
 }

@@ -727,14 +727,17 @@ TEST(ServeHttp, ShutdownDrainsInFlightStreams) {
 }
 
 // Under --ram-budget the routed experts stream from disk into the expert cache (and, forced
-// here, the dense trunk through a ring of two slots): the same greedy reply, token for token and
+// here, the dense trunk through a ring of two slots, then also the embedding and lm_head in
+// blocks of 64 rows: the server's calls have one row per sequence here, where the blocked
+// product equals the unblocked one): the same greedy reply, token for token and
 // log-probability for log-probability, as the resident server.
 TEST(ServeHttp, RamBudgetGivesTheResidentReply) {
   const std::string body = with(kHello, R"("max_tokens":12,"temperature":0,"logprobs":true,"top_logprobs":2)");
   Live resident;
   const Reply want = post(*resident.cli, "/v1/chat/completions", body);
   ASSERT_EQ(want.status, 200) << want.body;
-  for (bool ring : {false, true}) {
+  for (int mode : {0, 1, 2}) {
+    const bool ring = mode >= 1, head = mode == 2;
     Live budgeted({}, {}, false);
     k3::LoadOptions lo;
     lo.dense_as_stored = true;
@@ -744,17 +747,23 @@ TEST(ServeHttp, RamBudgetGivesTheResidentReply) {
     so.tokens_per_call = 256;
     so.stream_trunk = ring;
     so.trunk_slots = ring ? 2 : 0;
+    so.stream_head = head;
+    so.head_block_rows = head ? 64 : 0;
     budgeted.server->load(kModel, lo, so, 1e9);
     ASSERT_NE(budgeted.server->inference_model(), nullptr);
     ASSERT_NE(budgeted.server->inference_model()->stream, nullptr);  // really streaming
     EXPECT_EQ(budgeted.server->inference_model()->trunk != nullptr, ring);
+    EXPECT_EQ(budgeted.server->inference_model()->head != nullptr, head);
     const Reply got = post(*budgeted.cli, "/v1/chat/completions", body);
     ASSERT_EQ(got.status, 200) << got.body;
-    EXPECT_EQ(got.json["choices"][0]["message"], want.json["choices"][0]["message"]) << "ring " << ring;
-    EXPECT_EQ(got.json["choices"][0]["logprobs"], want.json["choices"][0]["logprobs"]) << "ring " << ring;
+    EXPECT_EQ(got.json["choices"][0]["message"], want.json["choices"][0]["message"]) << "mode " << mode;
+    EXPECT_EQ(got.json["choices"][0]["logprobs"], want.json["choices"][0]["logprobs"]) << "mode " << mode;
     EXPECT_GT(budgeted.server->inference_model()->stream->stats().calls, 0);
     if (ring) {
       EXPECT_GT(budgeted.server->inference_model()->trunk->stats().acquires, 0);
+    }
+    if (head) {
+      EXPECT_GT(budgeted.server->inference_model()->head->stats().block_reads, 0);
     }
   }
 }
