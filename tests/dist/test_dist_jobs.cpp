@@ -226,6 +226,23 @@ TEST(DistJobs, ExpertParallelJobCountsItsDispatchAndResumesAsOneProcess) {
               std::string::npos)
         << ep.out;
   }
+  // Against the planner (k3cpp plan --dp 2 --ep 2): the trunk's gradient traffic exactly; the
+  // all-to-all volume per token within 10 % (the planner assumes uniform routing, (ep - 1)/ep
+  // of the rows leaving their rank; the run's QB-balanced routing decides the real share).
+  Job plan = sh(shell_quote(K3_CLI_PATH) + " plan " + shell_quote(t.sub("model.json")) + " --dp 2 --ep 2 --json");
+  ASSERT_EQ(plan.rc, 0) << plan.out;
+  const auto dpp = nlohmann::json::parse(plan.out)["data_parallel"];
+  double trunk = 0, a2a = 0;
+  for (const auto& pr : cs["per_rank"]) {
+    trunk += pr["grad.reduce.reduce_scatter"]["bytes_sent"].get<double>() +
+             pr["grad.reduce.allgather"]["bytes_sent"].get<double>();
+    for (const char* l : {"ep.fwd.dispatch", "ep.fwd.combine", "ep.bwd.dispatch", "ep.bwd.combine"})
+      a2a += pr[l]["bytes_sent"].get<double>();
+  }
+  EXPECT_EQ(trunk / 4, 2 * dpp["ep_trunk_gradient_bytes_per_rank_step"].get<double>());
+  const double per_token = a2a / (4 * 256), planned = dpp["ep_train_alltoall_bytes_per_token"].get<double>();
+  EXPECT_NEAR(per_token, planned, 0.1 * planned) << "measured " << per_token << " bytes per token";
+  std::printf("measured all-to-all %.1f bytes per token (planner, uniform routing: %.1f)\n", per_token, planned);
   Job one = sh(train_args(t.path, t.sub("ep")) + " --threads 2 --resume");
   ASSERT_EQ(one.rc, 0) << one.out;
   const auto got = train_state(t.sub("ep/checkpoint")), want = train_state(t.sub("ref/checkpoint"));
