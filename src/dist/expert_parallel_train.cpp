@@ -130,7 +130,7 @@ void CommExpertTraining::forward(float* y, const float* rows, const MoEDispatch&
 
 void CommExpertTraining::backward(float* dz, const float* dy, const MoEDispatch& dp, const ExpertMatrix* w1,
                                   const ExpertMatrix* w3, const ExpertMatrix* w2, int64_t E, int64_t n_in, int64_t F,
-                                  double b1, double b2) {
+                                  double b1, double b2, const std::function<void()>& overlap) {
   Frame& f = frame_of(dp, E, n_in, false);
   const size_t layer = depth_;
   const int64_t per = E / G_, rb = n_in * int64_t(sizeof(float));
@@ -141,6 +141,7 @@ void CommExpertTraining::backward(float* dz, const float* dy, const MoEDispatch&
   const int64_t n = f.begin.back();
   std::vector<float> dyr(size_t(n * n_in));
   Comm::RequestPtr r = group_->ialltoallv(dy, sc_.data(), sd_.data(), dyr.data(), rc_.data(), rd_.data(), "ep.bwd.dispatch");
+  overlap();  // the shared experts' weight gradients while the rows travel
   group_->wait(r);
   out_.resize(size_t(n * n_in));
   int64_t max_n = 0;

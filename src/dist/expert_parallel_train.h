@@ -12,7 +12,8 @@
 //    and returns the outputs with a non-blocking MPI_Ialltoallv, during which the source runs
 //    its shared experts (the overlap callback). Dropless: every row goes.
 //  - Backward: the sources send p du per row (the output gradients) to the owners with the
-//    forward's counts; the owners accumulate their experts' parameter gradients and return
+//    forward's counts, running their shared experts' weight gradients while those travel (the
+//    overlap callback); the owners accumulate their experts' parameter gradients and return
 //    the rows' dz. A sequence's layers come back in reverse order: saved frames are a stack.
 //  - Gradients: the owner accumulates each source rank's contribution in its own buffer (as
 //    that rank's thread would in one process), so reduce_gradients can sum them in world
@@ -50,7 +51,8 @@ class CommExpertTraining : public ExpertParallelTraining, public ExpertTrainExch
                const ExpertMatrix* w2, int64_t E, int64_t n_in, int64_t F, double b1, double b2,
                const std::function<void()>& overlap) override;
   void backward(float* dz, const float* dy, const MoEDispatch& dp, const ExpertMatrix* w1, const ExpertMatrix* w3,
-                const ExpertMatrix* w2, int64_t E, int64_t n_in, int64_t F, double b1, double b2) override;
+                const ExpertMatrix* w2, int64_t E, int64_t n_in, int64_t F, double b1, double b2,
+                const std::function<void()>& overlap) override;
 
   // Both communicators' byte counts, by label.
   std::map<std::string, CollectiveStats> stats() const;

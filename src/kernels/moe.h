@@ -142,7 +142,9 @@ void moe_experts_backward(float* dz, float* dtopk_w, const ExpertGrad* grads, co
                           const float* gu_saved, const float* y_saved, const float* z, const int32_t* topk_idx,
                           const float* topk_w, const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2,
                           int64_t Tn, int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
-                          MoEExpertScratch& scratch);
+                          MoEExpertScratch& scratch, const std::function<void()>* overlap = nullptr);
+// (overlap, optional: the caller's independent work, run once: first, or in expert-parallel
+// training while the output-gradient rows travel to the owners.)
 // Plain reference with the same signature: per token and slot, recomputes the expert from z
 // and the weights with matrix-vector loops (gu_saved and y_saved are ignored, may be null).
 template <typename R>

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "core/error.h"
@@ -31,7 +32,7 @@ void moe_experts_backward(float* dz, float* dtopk_w, const ExpertGrad* grads, co
                           const float* gu_saved, const float* y_saved, const float* z, const int32_t* topk_idx,
                           const float* topk_w, const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2,
                           int64_t Tn, int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
-                          MoEExpertScratch& scratch) {
+                          MoEExpertScratch& scratch, const std::function<void()>* overlap) {
   K3_ASSERT(k > 0, "moe: top_k must be positive");
   K3_ASSERT(gu_saved && y_saved, "moe_experts_backward: the grouped path needs the forward's saved gu and y");
   MoEDispatch& dp = scratch.dispatch;
@@ -58,10 +59,13 @@ void moe_experts_backward(float* dz, float* dtopk_w, const ExpertGrad* grads, co
     if (scratch.ep_in.size() < size_t(rows * n_in)) scratch.ep_in.resize(size_t(rows * n_in));
     if (scratch.ep_out.size() < size_t(rows * n_in)) scratch.ep_out.resize(size_t(rows * n_in));
     for (int64_t p = 0; p < rows; ++p) mixture_grad(scratch.ep_in.data() + p * n_in, dp.token[p], dp.slot[p]);
-    tex->backward(scratch.ep_out.data(), scratch.ep_in.data(), dp, w1, w3, w2, E, n_in, F, b1, b2);
+    static const std::function<void()> nothing = [] {};
+    tex->backward(scratch.ep_out.data(), scratch.ep_in.data(), dp, w1, w3, w2, E, n_in, F, b1, b2,
+                  overlap ? *overlap : nothing);
     for (int64_t p = 0; p < rows; ++p)
       std::memcpy(dslots + dp.slot[p] * n_in, scratch.ep_out.data() + p * n_in, sizeof(float) * size_t(n_in));
   } else {
+    if (overlap) (*overlap)();
     scratch.active.clear();
     int64_t max_rows = 0;
     for (int64_t e = 0; e < E; ++e) {

@@ -48,10 +48,10 @@ class ExpertTrainExchange {
                        double b2, const std::function<void()>& overlap) = 0;
   // Backward of the latest forward not yet taken back (a sequence's MoE layers backpropagate
   // in reverse): dy [Tn * k, n_in] = p du per row (order of dp); fills dz with each row's
-  // gradient of z.
+  // gradient of z. overlap() runs exactly once, while the rows travel to the owners.
   virtual void backward(float* dz, const float* dy, const MoEDispatch& dp, const ExpertMatrix* w1,
                         const ExpertMatrix* w3, const ExpertMatrix* w2, int64_t E, int64_t n_in, int64_t F, double b1,
-                        double b2) = 0;
+                        double b2, const std::function<void()>& overlap) = 0;
 };
 
 void set_expert_train_exchange(ExpertTrainExchange* ex);  // nullptr: every expert local

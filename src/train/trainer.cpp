@@ -273,7 +273,9 @@ void Trainer::Impl::setup() {
     vision = std::make_unique<VisionTrainPart>(run, cfg, vocab, P, run.init_seed >= 0 ? uint64_t(run.init_seed) : run.seed);
   }
   const int64_t total = model->weights().size();
-  for (int t = 0; t < P; ++t) {
+  // One gradient buffer and scratch per thread; expert parallel runs its sequences one at a
+  // time (the kernels take the threads), so one of each.
+  for (int t = 0; t < (opt.ep ? 1 : P); ++t) {
     grads.push_back(Tensor::zeros(DType::F32, {total}));
     scratch.push_back(make_train_scratch());
   }
@@ -481,7 +483,7 @@ StepStats Trainer::Impl::train_step() {
   if (ep) ep->begin_step();
   // Zero the gradient buffers (each thread its own: first touch stays local).
 #pragma omp parallel for schedule(static) num_threads(P)
-  for (int t = 0; t < P; ++t) std::memset(grads[size_t(t)].data<float>(), 0, sizeof(float) * size_t(total));
+  for (int t = 0; t < int(grads.size()); ++t) std::memset(grads[size_t(t)].data<float>(), 0, sizeof(float) * size_t(total));
 
   seqs.resize(size_t(nl * (T + 1)));
   skip_seq.resize(size_t(T + 1));

@@ -5,7 +5,7 @@
 //    without rows), the experts split over the group: the mixture, the saved outputs, dz and
 //    the mixture-weight gradients equal the single process's computation of the same tokens,
 //    bitwise; the owners' summed expert gradients equal the rank-ordered sum of every rank's
-//    own gradients, bitwise; the shared-expert overlap runs once per forward; the bytes each
+//    own gradients, bitwise; the shared-expert overlap runs once per forward and once per backward; the bytes each
 //    rank hands MPI for the dispatch equal the routing's count (rows to other ranks' experts x
 //    n_in x 4), the counts' all-to-all (E/G x 8 per peer), and the combine the rows that
 //    came in.
@@ -147,11 +147,11 @@ TEST(DistRanks, ExpertTrainExchangeEqualsLocalExpertsAndCountsItsBytes) {
     got.dz.resize(size_t(t.T * n)), got.dtw.resize(size_t(t.T * k));
     moe_experts_backward(got.dz.data(), got.dtw.data(), nullptr, t.du.data(), got.gu.data(), got.y.data(), t.z.data(),
                          t.idx.data(), t.w.data(), x.e1.data(), x.e3.data(), x.e2.data(), t.T, n, F, E, k, 4.0, 25.0,
-                         s);
+                         s, &overlap);
     set_expert_train_exchange(nullptr);
     ex.reduce_gradients();
     const std::string what = "group size " + std::to_string(G) + ", rank " + std::to_string(me);
-    EXPECT_EQ(overlaps, 1) << what;
+    EXPECT_EQ(overlaps, 2) << what;  // once in the forward, once in the backward
     EXPECT_TRUE(same(got.u, ref[size_t(me)].u)) << what << ": mixture";
     EXPECT_TRUE(same(got.y, ref[size_t(me)].y)) << what << ": saved outputs";
     EXPECT_TRUE(same(got.dz, ref[size_t(me)].dz)) << what << ": dz";
