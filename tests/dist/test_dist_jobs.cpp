@@ -12,7 +12,8 @@
 //    token dispatch, equal to the rows it sent to the other rank's experts x 16 (the latent
 //    width) x 4; stopped at step 4 and resumed as one process of 2 threads it ends bitwise
 //    equal to that process's uninterrupted run (the checkpoint is whole); --ep that does not
-//    fit the rank count, the expert count or ZeRO-1 is refused with one line.
+//    fit the rank count, the expert count or ZeRO-1 is refused with one line; a rank killed
+//    mid-run ends the job and leaves the last checkpoint.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -249,6 +250,13 @@ TEST(DistJobs, ExpertParallelJobCountsItsDispatchAndResumesAsOneProcess) {
   EXPECT_EQ(got["step"], 8);
   EXPECT_EQ(got["weights_hash"], want["weights_hash"]);
   EXPECT_EQ(got["optimizer_hash"], want["optimizer_hash"]);
+
+  // A rank killed mid-run (step 3) ends the job; the step-2 checkpoint stays.
+  Job killed = sh(mpirun(2, "kill:1:3") + " " + train_args(t.path, t.sub("k")) + " --ep 2 --threads 1 --comm-timeout 30");
+  EXPECT_NE(killed.rc, 0) << killed.out;
+  EXPECT_LT(killed.seconds, 30) << killed.out;
+  EXPECT_NE(killed.out.find("signal 9"), std::string::npos) << killed.out;
+  EXPECT_EQ(train_state(t.sub("k/checkpoint"))["step"], 2) << killed.out;
 
   Job wide = sh(mpirun(2) + " " + train_args(t.path, t.sub("a")) + " --ep 4");
   EXPECT_NE(wide.rc, 0) << wide.out;
