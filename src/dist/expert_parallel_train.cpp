@@ -75,7 +75,8 @@ CommExpertTraining::Frame& CommExpertTraining::frame_of(const MoEDispatch& dp, i
   if (depth_ == frames_.size()) frames_.emplace_back();
   Frame& f = frames_[depth_++];
   // Counts first: this rank's per-expert row counts, expert order = destination order.
-  std::vector<int64_t> mine(static_cast<size_t>(E));
+  std::vector<int64_t>& mine = mine_;
+  mine.resize(size_t(E));
   for (int64_t e = 0; e < E; ++e) mine[size_t(e)] = dp.offset[size_t(e) + 1] - dp.offset[size_t(e)];
   f.counts.assign(size_t(E), 0);
   for (int p = 0; p < G_; ++p) {
@@ -139,7 +140,8 @@ void CommExpertTraining::backward(float* dz, const float* dy, const MoEDispatch&
     rc_[size_t(q)] = (f.begin[size_t((q + 1) * per)] - f.begin[size_t(q * per)]) * rb,
     rd_[size_t(q)] = f.begin[size_t(q * per)] * rb;
   const int64_t n = f.begin.back();
-  std::vector<float> dyr(size_t(n * n_in));
+  std::vector<float>& dyr = dyr_;
+  dyr.resize(size_t(n * n_in));
   Comm::RequestPtr r = group_->ialltoallv(dy, sc_.data(), sd_.data(), dyr.data(), rc_.data(), rd_.data(), "ep.bwd.dispatch");
   overlap();  // the shared experts' weight gradients while the rows travel
   group_->wait(r);

@@ -78,7 +78,8 @@ class CommExpertTraining : public ExpertParallelTraining, public ExpertTrainExch
   std::vector<std::vector<float>> acc_;  // per layer: [G sources][E/G experts][w1 | w3 | w2]
   int64_t n_in_ = 0, F_ = 0;
   std::vector<int64_t> sc_, sd_, rc_, rd_;  // per-peer byte counts and displacements
-  std::vector<float> out_, work_;
+  std::vector<float> out_, work_, dyr_;  // grow only: steady-state calls do not allocate
+  std::vector<int64_t> mine_;
   int64_t rows_sent_ = 0;
 };
 

@@ -75,12 +75,13 @@ void latent_moe_backward(float* dx, const LatentMoEGrads& gr, const float* dout,
   // Shared experts (y += W2s SiTU(W1s x, W3s x)), their weights' gradients and dgu: independent
   // of the routed experts, so they run inside moe_experts_backward (first, or in expert-parallel
   // training while the rows travel); their dx comes last, as dense_ffn_backward adds it.
-  const std::function<void()> shared_weights = [&] {
+  auto weights_half = [&] {
     if (SF == 0) return;
     dense_ffn_backward_weights<float>(gr.shared_w1, gr.shared_w3, gr.shared_w2, s.dgu.data(), s.dact.data(), dout,
                                       sv.shared_gu.data(), sv.shared_act.data(), x, w.shared_w2, T, d, SF, dm.situ_b1,
                                       dm.situ_b2);
   };
+  const std::function<void()> shared_weights = [&weights_half] { weights_half(); };  // one reference: no allocation
   // u = sum_i p_i E_i(z): dz and d p (the mixture weights) per (token, slot).
   const MoERouting& r = sv.routing;
   moe_experts_backward(s.dz.data(), s.dtopk_w.data(), gr.experts.data(), du, sv.slot_gu.data(), sv.slot_y.data(),
