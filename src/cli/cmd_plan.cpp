@@ -32,7 +32,8 @@ const char* kUsage =
     "  --prefill-tokens  prefill chunk for that projection (default 512)\n"
     "  --dp       data-parallel training on N ranks (src/dist): bytes per rank and step for the\n"
     "             gradients and the QB histograms (--qb-bins, default 1000), memory per rank;\n"
-    "             --ep E adds the expert-parallel all-to-all bytes per token (analytic only)\n"
+    "             --ep E: expert parallel in groups of E of the N ranks: the all-to-all bytes per token\n"
+    "             (uniform routing), the trunk's and the experts' gradient traffic, the optimiser state\n"
     "  --json     print the same figures as JSON\n";
 
 // Counts: 2 decimals below 10, 1 decimal above ("2.78 T", "104.2 B").
@@ -189,7 +190,12 @@ int cmd_plan(const std::vector<std::string>& args) {
                             {"optimizer_state_bytes_per_rank_zero1", dpc.opt_state_bytes_zero1},
                             {"optimizer_state_bytes_per_rank", dpc.opt_state_bytes},
                             {"weight_bytes_per_rank", dpc.weight_bytes}, {"ep", dpc.ep},
-                            {"ep_alltoall_bytes_per_token", dpc.ep_bytes_per_token}};
+                            {"ep_alltoall_bytes_per_token", dpc.ep_bytes_per_token},
+                            {"ep_train_alltoall_bytes_per_token", dpc.ep_train_bytes_per_token},
+                            {"ep_trunk_gradient_bytes_per_rank_step", dpc.ep_trunk_grad_bytes},
+                            {"ep_replica_gradient_bytes_per_rank_step", dpc.ep_replica_grad_bytes},
+                            {"ep_optimizer_state_bytes_per_rank", dpc.ep_opt_state_bytes},
+                            {"routed_expert_floats", dpc.expert_floats}};
     if (want_stream) {
       j["streaming"] = {{"budget_bytes", sp.budget},
                         {"disk_bytes_per_s", sp.disk_bytes_per_s},
@@ -300,9 +306,13 @@ int cmd_plan(const std::vector<std::string>& args) {
                 human_bytes(dpc.weight_bytes).c_str(), human_bytes(dpc.opt_state_bytes_zero1).c_str(),
                 human_bytes(dpc.opt_state_bytes).c_str());
     if (dpc.ep > 1)
-      std::printf("  expert parallel over %lld ranks (analytic; not implemented in k3cpp): %s per token forward "
-                  "(bf16 latent rows out and back, all MoE layers)\n",
-                  (long long)dpc.ep, human_bytes(dpc.ep_bytes_per_token).c_str());
+      std::printf("  expert parallel in groups of %lld ranks: %s per token forward (bf16 latent rows out and back, all "
+                  "MoE layers; uniform routing); as k3cpp trains (f32, forward and backward) %s per token; gradient "
+                  "reduction of the trunk %s and of the experts' replicas %s per rank and step; optimiser state %s "
+                  "per rank\n",
+                  (long long)dpc.ep, human_bytes(dpc.ep_bytes_per_token).c_str(),
+                  human_bytes(dpc.ep_train_bytes_per_token).c_str(), human_bytes(dpc.ep_trunk_grad_bytes).c_str(),
+                  human_bytes(dpc.ep_replica_grad_bytes).c_str(), human_bytes(dpc.ep_opt_state_bytes).c_str());
   }
   if (want_stream) {
     std::printf("\nmemory-limited inference at %g GB, disk %g GB/s (experts streamed; the bf16 trunk resident if it "

@@ -85,7 +85,8 @@ void moe_distinct_experts(std::vector<int32_t>& out, const int32_t* topk_idx, in
 void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, const float* topk_w,
                          const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2, int64_t Tn,
                          int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
-                         MoEExpertScratch& scratch, float* gu_saved, float* y_saved, ExpertProvider* provider) {
+                         MoEExpertScratch& scratch, float* gu_saved, float* y_saved, ExpertProvider* provider,
+                         const std::function<void()>* overlap) {
   K3_ASSERT(k > 0, "moe: top_k must be positive");
   MoEDispatch& dp = scratch.dispatch;
   moe_dispatch(dp, topk_idx, Tn, k, E);
@@ -154,10 +155,7 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
     }
     for (int64_t r = 0; r < n; ++r)
       std::memcpy(zg + r * n_in, z + int64_t(dp.token[begin + r]) * n_in, sizeof(float) * size_t(n_in));
-    expert_linear(gu, 2 * F, zg, m1, n);
-    expert_linear(gu + F, 2 * F, zg, m3, n);
-    for (int64_t r = 0; r < n; ++r) situ_forward_fast(act + r * F, gu + r * 2 * F, gu + r * 2 * F + F, F, b1, b2);
-    expert_linear(y, n_in, act, m2, n);
+    moe_expert_rows_forward(gu, act, y, zg, m1, m3, m2, n, n_in, F, b1, b2);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t s = dp.slot[begin + r];
       if (gu_saved) std::memcpy(gu_saved + s * 2 * F, gu + r * 2 * F, sizeof(float) * size_t(2 * F));
@@ -168,11 +166,35 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
     }
   };
 
-  // Expert parallelism (moe_exchange.h): only this rank's experts run here; the exchange fills
-  // the other experts' slot rows, so the combine below is the single process's, bit for bit.
-  ExpertExchange* ex = provider ? nullptr : expert_exchange();
-  K3_ASSERT(!ex || (!gu_saved && !y_saved), "moe: expert parallelism is inference-only");
-  if (!provider) {
+  // Expert-parallel training (moe_exchange.h): every row goes to its expert's owner and its
+  // output comes back; the mixture weight and the slot rows are applied here exactly as
+  // run_expert does, so the combine below is the single process's, bit for bit.
+  ExpertTrainExchange* tex = provider || !gu_saved || !y_saved ? nullptr : expert_train_exchange();
+  if (overlap && !tex) (*overlap)();
+  if (tex) {
+    const int64_t rows = Tn * k;
+    if (scratch.ep_in.size() < size_t(rows * n_in)) scratch.ep_in.resize(size_t(rows * n_in));
+    if (scratch.ep_out.size() < size_t(rows * n_in)) scratch.ep_out.resize(size_t(rows * n_in));
+    for (int64_t p = 0; p < rows; ++p)
+      std::memcpy(scratch.ep_in.data() + p * n_in, z + int64_t(dp.token[p]) * n_in, sizeof(float) * size_t(n_in));
+    static const std::function<void()> nothing = [] {};
+    tex->forward(scratch.ep_out.data(), scratch.ep_in.data(), dp, w1, w3, w2, E, n_in, F, b1, b2,
+                 overlap ? *overlap : nothing);
+    for (int64_t p = 0; p < rows; ++p) {
+      const int64_t s = dp.slot[p];
+      const float* y = scratch.ep_out.data() + p * n_in;
+      std::memcpy(y_saved + s * n_in, y, sizeof(float) * size_t(n_in));
+      const float pw = topk_w[s];
+      float* dst = slots + s * n_in;
+      for (int64_t c = 0; c < n_in; ++c) dst[c] = pw * y[c];
+    }
+  }
+  // Expert parallelism at inference (moe_exchange.h): only this rank's experts run here; the
+  // exchange fills the other experts' slot rows, so the combine below is the single process's.
+  ExpertExchange* ex = provider || tex ? nullptr : expert_exchange();
+  K3_ASSERT(!ex || (!gu_saved && !y_saved), "moe: expert parallelism at inference does not train (use the training exchange)");
+  if (tex) {
+  } else if (!provider) {
 #pragma omp parallel for schedule(dynamic, 1) if (n_active > 1)
     for (int64_t ai = 0; ai < n_active; ++ai) {
       const int64_t e = scratch.active[ai];
@@ -212,6 +234,15 @@ void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, cons
       for (int64_t c = 0; c < n_in; ++c) ut[c] += src[c];
     }
   }
+}
+
+void moe_expert_rows_forward(float* gu, float* act, float* y, const float* zg, const ExpertMatrix& m1,
+                             const ExpertMatrix& m3, const ExpertMatrix& m2, int64_t n, int64_t n_in, int64_t F,
+                             double b1, double b2) {
+  expert_linear(gu, 2 * F, zg, m1, n);
+  expert_linear(gu + F, 2 * F, zg, m3, n);
+  for (int64_t r = 0; r < n; ++r) situ_forward_fast(act + r * F, gu + r * 2 * F, gu + r * 2 * F + F, F, b1, b2);
+  expert_linear(y, n_in, act, m2, n);
 }
 
 namespace {

@@ -25,6 +25,7 @@
 // take them. Only f32 experts train; MXFP4 experts are inference-only.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -93,6 +94,7 @@ struct MoEExpertScratch {
   std::vector<float> slots;     // [T * k, n_in]: p_i * E_i(z[t]) per (token, slot)
   std::vector<float> work;      // per-thread: gathered rows, W1|W3 outputs, SiTU, W2 output, dequantised weights
   std::vector<float> row;       // reference: one decoded MXFP4 row
+  std::vector<float> ep_in, ep_out;  // expert parallelism: rows in dispatch order, out and back
 };
 
 // u [T, n_in] (assigned); z [T, n_in]; topk_idx, topk_w [T, k]; w1, w3, w2: E matrices each.
@@ -101,11 +103,24 @@ struct MoEExpertScratch {
 // provider (optional): the experts' matrices come from it in groups (w1, w3, w2 are then only
 // read for their shapes; prefetch() must already have been called with this call's distinct
 // experts, see ExpertProvider).
+// overlap (optional): independent work of the caller (the shared experts), run once: first,
+// or, in expert-parallel training (moe_exchange.h), while the experts' outputs travel back.
 void moe_experts_forward(float* u, const float* z, const int32_t* topk_idx, const float* topk_w,
                          const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2, int64_t Tn,
                          int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
                          MoEExpertScratch& scratch, float* gu_saved = nullptr, float* y_saved = nullptr,
-                         ExpertProvider* provider = nullptr);
+                         ExpertProvider* provider = nullptr, const std::function<void()>* overlap = nullptr);
+// One expert on n gathered rows zg [n, n_in], the grouped path's per-expert step (expert
+// parallelism runs it on the owner): gu [n, 2F] = [zg W1^T | zg W3^T], act [n, F] =
+// SiTU(gate, up), y [n, n_in] = act W2^T.
+void moe_expert_rows_forward(float* gu, float* act, float* y, const float* zg, const ExpertMatrix& w1,
+                             const ExpertMatrix& w3, const ExpertMatrix& w2, int64_t n, int64_t n_in, int64_t F,
+                             double b1, double b2);
+// Its backward (f32 experts): dY [n, n_in] (= p du), zg and gu from the forward; g +=
+// the parameter gradients; dZ [n, n_in] assigned; work: 4 n F floats.
+void moe_expert_rows_backward(float* dZ, const ExpertGrad& g, const float* dY, const float* zg, const float* gu,
+                              const ExpertMatrix& w1, const ExpertMatrix& w3, const ExpertMatrix& w2, int64_t n,
+                              int64_t n_in, int64_t F, double b1, double b2, float* work);
 // The distinct experts of topk_idx [T * k], ascending, into out (what a provider prefetches).
 void moe_distinct_experts(std::vector<int32_t>& out, const int32_t* topk_idx, int64_t Tn, int64_t k, int64_t E);
 // Plain reference with the same signature (the test oracle).
@@ -127,7 +142,9 @@ void moe_experts_backward(float* dz, float* dtopk_w, const ExpertGrad* grads, co
                           const float* gu_saved, const float* y_saved, const float* z, const int32_t* topk_idx,
                           const float* topk_w, const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2,
                           int64_t Tn, int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
-                          MoEExpertScratch& scratch);
+                          MoEExpertScratch& scratch, const std::function<void()>* overlap = nullptr);
+// (overlap, optional: the caller's independent work, run once: first, or in expert-parallel
+// training while the output-gradient rows travel to the owners.)
 // Plain reference with the same signature: per token and slot, recomputes the expert from z
 // and the weights with matrix-vector loops (gu_saved and y_saved are ignored, may be null).
 template <typename R>

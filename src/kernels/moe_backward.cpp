@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/activations.h"
 #include "kernels/gemm.h"
 #include "kernels/moe.h"
+#include "kernels/moe_exchange.h"
 #include "kernels/situ_simd.h"
 
 namespace k3 {
@@ -30,70 +32,76 @@ void moe_experts_backward(float* dz, float* dtopk_w, const ExpertGrad* grads, co
                           const float* gu_saved, const float* y_saved, const float* z, const int32_t* topk_idx,
                           const float* topk_w, const ExpertMatrix* w1, const ExpertMatrix* w3, const ExpertMatrix* w2,
                           int64_t Tn, int64_t n_in, int64_t F, int64_t E, int64_t k, double b1, double b2,
-                          MoEExpertScratch& scratch) {
+                          MoEExpertScratch& scratch, const std::function<void()>* overlap) {
   K3_ASSERT(k > 0, "moe: top_k must be positive");
   K3_ASSERT(gu_saved && y_saved, "moe_experts_backward: the grouped path needs the forward's saved gu and y");
   MoEDispatch& dp = scratch.dispatch;
   moe_dispatch(dp, topk_idx, Tn, k, E);
-  scratch.active.clear();
-  int64_t max_rows = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = dp.offset[e + 1] - dp.offset[e];
-    if (n == 0) continue;
-    check_trainable(w1[e], F, n_in, grads[e].w1);
-    check_trainable(w3[e], F, n_in, grads[e].w3);
-    check_trainable(w2[e], n_in, F, grads[e].w2);
-    scratch.active.push_back(int32_t(e));
-    max_rows = std::max(max_rows, n);
-  }
-  const int64_t n_active = int64_t(scratch.active.size());
-  // Per-thread: gathered z, dY (= p du), gu, act, dact, dgu, dZ rows.
-  const int64_t per_thread = max_rows * (n_in + n_in + 2 * F + F + F + 2 * F + n_in);
-  const int nthreads = n_active > 1 ? omp_get_max_threads() : 1;
-  if (scratch.work.size() < size_t(per_thread * nthreads)) scratch.work.resize(size_t(per_thread * nthreads));
   if (scratch.slots.size() < size_t(Tn * k * n_in)) scratch.slots.resize(size_t(Tn * k * n_in));
   float* dslots = scratch.slots.data();  // [T * k, n_in]: dz contribution of each (token, slot)
+  // Forward: u[t] += p_s y_s  ->  dp_s = du[t] . y_s,  dy_s = p_s du[t] (row r of a block).
+  auto mixture_grad = [&](float* dYr, int64_t t, int64_t s) {
+    const float* dut = du + t * n_in;
+    const float* ys = y_saved + s * n_in;
+    const float p = topk_w[s];
+    float acc = 0;
+    for (int64_t c = 0; c < n_in; ++c) {
+      acc += dut[c] * ys[c];
+      dYr[c] = p * dut[c];
+    }
+    dtopk_w[s] = acc;
+  };
+
+  if (ExpertTrainExchange* tex = expert_train_exchange()) {
+    // Expert-parallel training (moe_exchange.h): the owners hold the rows and gu of the forward
+    // and accumulate their experts' parameter gradients; here only the mixture and the slots.
+    const int64_t rows = Tn * k;
+    if (scratch.ep_in.size() < size_t(rows * n_in)) scratch.ep_in.resize(size_t(rows * n_in));
+    if (scratch.ep_out.size() < size_t(rows * n_in)) scratch.ep_out.resize(size_t(rows * n_in));
+    for (int64_t p = 0; p < rows; ++p) mixture_grad(scratch.ep_in.data() + p * n_in, dp.token[p], dp.slot[p]);
+    static const std::function<void()> nothing = [] {};
+    tex->backward(scratch.ep_out.data(), scratch.ep_in.data(), dp, w1, w3, w2, E, n_in, F, b1, b2,
+                  overlap ? *overlap : nothing);
+    for (int64_t p = 0; p < rows; ++p)
+      std::memcpy(dslots + dp.slot[p] * n_in, scratch.ep_out.data() + p * n_in, sizeof(float) * size_t(n_in));
+  } else {
+    if (overlap) (*overlap)();
+    scratch.active.clear();
+    int64_t max_rows = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t n = dp.offset[e + 1] - dp.offset[e];
+      if (n == 0) continue;
+      check_trainable(w1[e], F, n_in, grads[e].w1);
+      check_trainable(w3[e], F, n_in, grads[e].w3);
+      check_trainable(w2[e], n_in, F, grads[e].w2);
+      scratch.active.push_back(int32_t(e));
+      max_rows = std::max(max_rows, n);
+    }
+    const int64_t n_active = int64_t(scratch.active.size());
+    // Per-thread: gathered z, dY (= p du), gu, dZ rows, and moe_expert_rows_backward's 4F.
+    const int64_t per_thread = max_rows * (n_in + n_in + 2 * F + n_in + 4 * F);
+    const int nthreads = n_active > 1 ? omp_get_max_threads() : 1;
+    if (scratch.work.size() < size_t(per_thread * nthreads)) scratch.work.resize(size_t(per_thread * nthreads));
 
 #pragma omp parallel for schedule(dynamic, 1) if (n_active > 1)
-  for (int64_t ai = 0; ai < n_active; ++ai) {
-    const int64_t e = scratch.active[ai];
-    const int64_t begin = dp.offset[e], n = dp.offset[e + 1] - begin;
-    float* zg = scratch.work.data() + per_thread * (n_active > 1 ? omp_get_thread_num() : 0);
-    float* dY = zg + max_rows * n_in;     // [n, n_in]
-    float* gu = dY + max_rows * n_in;     // [n, 2F]
-    float* act = gu + max_rows * 2 * F;   // [n, F]
-    float* dact = act + max_rows * F;     // [n, F]
-    float* dgu = dact + max_rows * F;     // [n, 2F]
-    float* dZ = dgu + max_rows * 2 * F;   // [n, n_in]
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t t = dp.token[begin + r], s = dp.slot[begin + r];
-      const float* dut = du + t * n_in;
-      const float* ys = y_saved + s * n_in;
-      std::memcpy(zg + r * n_in, z + t * n_in, sizeof(float) * size_t(n_in));
-      std::memcpy(gu + r * 2 * F, gu_saved + s * 2 * F, sizeof(float) * size_t(2 * F));
-      // Forward: u[t] += p_s y_s  ->  dp_s = du[t] . y_s,  dy_s = p_s du[t].
-      const float p = topk_w[s];
-      float acc = 0;
-      for (int64_t c = 0; c < n_in; ++c) {
-        acc += dut[c] * ys[c];
-        dY[r * n_in + c] = p * dut[c];
+    for (int64_t ai = 0; ai < n_active; ++ai) {
+      const int64_t e = scratch.active[ai];
+      const int64_t begin = dp.offset[e], n = dp.offset[e + 1] - begin;
+      float* zg = scratch.work.data() + per_thread * (n_active > 1 ? omp_get_thread_num() : 0);
+      float* dY = zg + max_rows * n_in;    // [n, n_in]
+      float* gu = dY + max_rows * n_in;    // [n, 2F]
+      float* dZ = gu + max_rows * 2 * F;   // [n, n_in]
+      float* work = dZ + max_rows * n_in;  // [n, 4F]
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t t = dp.token[begin + r], s = dp.slot[begin + r];
+        std::memcpy(zg + r * n_in, z + t * n_in, sizeof(float) * size_t(n_in));
+        std::memcpy(gu + r * 2 * F, gu_saved + s * 2 * F, sizeof(float) * size_t(2 * F));
+        mixture_grad(dY + r * n_in, t, s);
       }
-      dtopk_w[s] = acc;
+      moe_expert_rows_backward(dZ, grads[e], dY, zg, gu, w1[e], w3[e], w2[e], n, n_in, F, b1, b2, work);
+      for (int64_t r = 0; r < n; ++r)
+        std::memcpy(dslots + dp.slot[begin + r] * n_in, dZ + r * n_in, sizeof(float) * size_t(n_in));
     }
-    situ_glu_forward_fast(act, gu, n, F, b1, b2);  // the forward's activation, recomputed
-    const ExpertGrad& g = grads[e];
-    // Forward: y = act W2^T  ->  dW2 += dY^T act;  dact = dY W2.
-    gemm(true, false, n_in, F, n, 1.f, dY, n_in, act, F, 1.f, g.w2, F);
-    gemm(false, false, n, F, n_in, 1.f, dY, n_in, w2[e].f32, F, 0.f, dact, F);
-    // Forward: act = SiTU(gate, up).
-    situ_glu_backward_fast(dgu, dact, gu, n, F, b1, b2);
-    // Forward: [gate | up] = [Z W1^T | Z W3^T]  ->  dW1 += dG^T Z, dW3 += dU^T Z, dZ = dG W1 + dU W3.
-    gemm(true, false, F, n_in, n, 1.f, dgu, 2 * F, zg, n_in, 1.f, g.w1, n_in);
-    gemm(true, false, F, n_in, n, 1.f, dgu + F, 2 * F, zg, n_in, 1.f, g.w3, n_in);
-    gemm(false, false, n, n_in, F, 1.f, dgu, 2 * F, w1[e].f32, n_in, 0.f, dZ, n_in);
-    gemm(false, false, n, n_in, F, 1.f, dgu + F, 2 * F, w3[e].f32, n_in, 1.f, dZ, n_in);
-    for (int64_t r = 0; r < n; ++r)
-      std::memcpy(dslots + dp.slot[begin + r] * n_in, dZ + r * n_in, sizeof(float) * size_t(n_in));
   }
 
   // dz[t] = sum of its slots, in slot order (fixed reduction order).
@@ -106,6 +114,28 @@ void moe_experts_backward(float* dz, float* dtopk_w, const ExpertGrad* grads, co
       for (int64_t c = 0; c < n_in; ++c) dzt[c] += src[c];
     }
   }
+}
+
+void moe_expert_rows_backward(float* dZ, const ExpertGrad& g, const float* dY, const float* zg, const float* gu,
+                              const ExpertMatrix& w1, const ExpertMatrix& w3, const ExpertMatrix& w2, int64_t n,
+                              int64_t n_in, int64_t F, double b1, double b2, float* work) {
+  check_trainable(w1, F, n_in, g.w1);
+  check_trainable(w3, F, n_in, g.w3);
+  check_trainable(w2, n_in, F, g.w2);
+  float* act = work;           // [n, F]
+  float* dact = act + n * F;   // [n, F]
+  float* dgu = dact + n * F;   // [n, 2F]
+  situ_glu_forward_fast(act, gu, n, F, b1, b2);  // the forward's activation, recomputed
+  // Forward: y = act W2^T  ->  dW2 += dY^T act;  dact = dY W2.
+  gemm(true, false, n_in, F, n, 1.f, dY, n_in, act, F, 1.f, g.w2, F);
+  gemm(false, false, n, F, n_in, 1.f, dY, n_in, w2.f32, F, 0.f, dact, F);
+  // Forward: act = SiTU(gate, up).
+  situ_glu_backward_fast(dgu, dact, gu, n, F, b1, b2);
+  // Forward: [gate | up] = [Z W1^T | Z W3^T]  ->  dW1 += dG^T Z, dW3 += dU^T Z, dZ = dG W1 + dU W3.
+  gemm(true, false, F, n_in, n, 1.f, dgu, 2 * F, zg, n_in, 1.f, g.w1, n_in);
+  gemm(true, false, F, n_in, n, 1.f, dgu + F, 2 * F, zg, n_in, 1.f, g.w3, n_in);
+  gemm(false, false, n, n_in, F, 1.f, dgu, 2 * F, w1.f32, n_in, 0.f, dZ, n_in);
+  gemm(false, false, n, n_in, F, 1.f, dgu + F, 2 * F, w3.f32, n_in, 1.f, dZ, n_in);
 }
 
 template <typename R>

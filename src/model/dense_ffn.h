@@ -23,5 +23,14 @@ template <typename T>
 void dense_ffn_backward(T* dx, T* dgate, T* dup, T* ddown, T* dgu, T* dact, const T* dout, const T* gu, const T* act,
                         const T* x, const T* gate, const T* up, const T* down, int64_t Tn, int64_t d, int64_t I,
                         double b1, double b2, bool accumulate_dx = false);
+// dense_ffn_backward in its two halves (the same operations in the same order): the weights'
+// gradients and dgu (independent of dx: expert-parallel training runs it while rows travel),
+// then dx from dgu.
+template <typename T>
+void dense_ffn_backward_weights(T* dgate, T* dup, T* ddown, T* dgu, T* dact, const T* dout, const T* gu, const T* act,
+                                const T* x, const T* down, int64_t Tn, int64_t d, int64_t I, double b1, double b2);
+template <typename T>
+void dense_ffn_backward_input(T* dx, const T* dgu, const T* gate, const T* up, int64_t Tn, int64_t d, int64_t I,
+                              bool accumulate_dx);
 
 }  // namespace k3

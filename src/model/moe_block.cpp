@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "core/error.h"
 #include "kernels/activations.h"
@@ -92,15 +93,20 @@ void latent_moe_forward(float* out, const float* x, const LatentMoEWeights& w, c
     w.provider->prefetch(w.provider_layer, s.distinct.data(), int64_t(s.distinct.size()));
   }
   linear(z, x, w.down, T, dm.d, dm.l);  // z = W_down x
-  if (dm.shared_width > 0) {  // shared experts, first half: gu = [x W1s^T | x W3s^T], act = SiTU
+  // Shared experts, first half: gu = [x W1s^T | x W3s^T], act = SiTU. Independent of the routed
+  // experts: moe_experts_forward runs it first, or, in expert-parallel training, while the
+  // experts' outputs travel back from their owners.
+  auto first_half = [&] {
+    if (dm.shared_width == 0) return;
     gemm(false, true, T, dm.shared_width, dm.d, 1.f, x, dm.d, w.shared_w1, dm.d, 0.f, gu, 2 * dm.shared_width);
     gemm(false, true, T, dm.shared_width, dm.d, 1.f, x, dm.d, w.shared_w3, dm.d, 0.f, gu + dm.shared_width,
          2 * dm.shared_width);
     situ_glu_forward(act, gu, T, dm.shared_width, dm.situ_b1, dm.situ_b2);
-  }
+  };
+  const std::function<void()> shared_first_half = [&first_half] { first_half(); };  // one reference: no allocation
   moe_experts_forward(u, z, r.idx.data(), r.weight.data(), w.w1.data(), w.w3.data(), w.w2.data(), T, dm.l, dm.F,
                       dm.E, dm.k, dm.situ_b1, dm.situ_b2, s.experts, saved ? saved->slot_gu.data() : nullptr,
-                      saved ? saved->slot_y.data() : nullptr, w.provider);
+                      saved ? saved->slot_y.data() : nullptr, w.provider, &shared_first_half);
   const float* un = u;
   if (dm.use_norm) {
     rmsnorm_forward<float>(s.un.data(), u_rstd, u, w.latent_norm, T, dm.l, dm.rms_eps);

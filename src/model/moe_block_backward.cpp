@@ -4,6 +4,7 @@
 // differentiated: it only chose the experts, and the routing is taken as fixed.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "core/error.h"
@@ -71,21 +72,28 @@ void latent_moe_backward(float* dx, const LatentMoEGrads& gr, const float* dout,
     rmsnorm_backward<float>(s.du.data(), gr.latent_norm, s.dun.data(), u, w.latent_norm, sv.u_rstd.data(), T, l);
     du = s.du.data();
   }
+  // Shared experts (y += W2s SiTU(W1s x, W3s x)), their weights' gradients and dgu: independent
+  // of the routed experts, so they run inside moe_experts_backward (first, or in expert-parallel
+  // training while the rows travel); their dx comes last, as dense_ffn_backward adds it.
+  auto weights_half = [&] {
+    if (SF == 0) return;
+    dense_ffn_backward_weights<float>(gr.shared_w1, gr.shared_w3, gr.shared_w2, s.dgu.data(), s.dact.data(), dout,
+                                      sv.shared_gu.data(), sv.shared_act.data(), x, w.shared_w2, T, d, SF, dm.situ_b1,
+                                      dm.situ_b2);
+  };
+  const std::function<void()> shared_weights = [&weights_half] { weights_half(); };  // one reference: no allocation
   // u = sum_i p_i E_i(z): dz and d p (the mixture weights) per (token, slot).
   const MoERouting& r = sv.routing;
   moe_experts_backward(s.dz.data(), s.dtopk_w.data(), gr.experts.data(), du, sv.slot_gu.data(), sv.slot_y.data(),
                        sv.z.data(), r.idx.data(), r.weight.data(), w.w1.data(), w.w3.data(), w.w2.data(), T, l, dm.F,
-                       E, k, dm.situ_b1, dm.situ_b2, s.experts);
+                       E, k, dm.situ_b1, dm.situ_b2, s.experts, &shared_weights);
   // z = W_down x  (first write of dx)
   linear_backward<float>(dx, gr.down, s.dz.data(), x, w.down, T, d, l, false);
   // p = renormalised sigmoid(W_r x) of the selected experts (+ the auxiliary-loss hook).
   router_backward<float>(dx, gr.router, s.dlogits.data(), s.dtopk_w.data(), dscores_aux, r.idx.data(),
                          r.scores.data(), x, w.router, T, d, E, k, dm.renorm, dm.scale);
-  // shared experts: y += W2s SiTU(W1s x, W3s x)
-  if (SF > 0)
-    dense_ffn_backward<float>(dx, gr.shared_w1, gr.shared_w3, gr.shared_w2, s.dgu.data(), s.dact.data(), dout,
-                              sv.shared_gu.data(), sv.shared_act.data(), x, w.shared_w1, w.shared_w3, w.shared_w2, T, d,
-                              SF, dm.situ_b1, dm.situ_b2, /*accumulate_dx=*/true);
+  // shared experts: dx += dgu_g W1s + dgu_u W3s
+  if (SF > 0) dense_ffn_backward_input<float>(dx, s.dgu.data(), w.shared_w1, w.shared_w3, T, d, SF, /*accumulate_dx=*/true);
 }
 
 template <typename R>

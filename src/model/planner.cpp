@@ -380,8 +380,19 @@ DataParallelComm project_data_parallel(const K3Config& c, int64_t ranks, int64_t
   d.opt_state_bytes = 8.0 * double(d.trained);
   d.opt_state_bytes_zero1 = d.opt_state_bytes / double(ranks);
   d.weight_bytes = 4.0 * double(d.grad_floats);
+  if (ranks % ep != 0)
+    fail("--ep " + std::to_string(ep) + " must divide the " + std::to_string(ranks) + " ranks (--dp)");
   d.ep_bytes_per_token = 2.0 * double(c.num_experts_per_token) * double(c.routed_expert_hidden_size) * 2.0 *
                          double(ep - 1) / double(ep) * double(d.moe_layers);
+  d.ep_train_bytes_per_token = 4.0 * double(c.num_experts_per_token) * double(c.routed_expert_hidden_size) * 4.0 *
+                               double(ep - 1) / double(ep) * double(d.moe_layers);
+  int64_t expert_trained = 0;
+  for (const ParamSpec& s : lay.specs())
+    if (s.component == Component::RoutedExperts) d.expert_floats += s.numel();
+  expert_trained = d.expert_floats;
+  d.ep_trunk_grad_bytes = 2.0 * 4.0 * double(d.grad_floats - d.expert_floats) * f;
+  d.ep_replica_grad_bytes = 4.0 * double(d.expert_floats) * double(ranks / ep - 1);
+  d.ep_opt_state_bytes = 8.0 * (double(d.trained - expert_trained) + double(expert_trained) / double(ep));
   return d;
 }
 

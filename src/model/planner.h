@@ -105,16 +105,25 @@ Placement place(const K3Config& c, WeightStorage s, int64_t gpus, double gpu_mem
 //               (1 + E + E x bins) (qb-hist: the tokens, the loads, the bin counts);
 //  optimiser state per rank = 8 P / N with ZeRO-1 (8 P without), P the trained elements;
 //  weights per rank = 4 G (f32 master weights, replicated).
-// Expert parallelism (not implemented in k3cpp; analytic only): each token's k latent rows go
-// to the ranks owning its experts and come back, (E_ranks - 1)/E_ranks of them leaving the
-// rank: 2 k l x bytes_per_value x (ep - 1)/ep per token and MoE layer, forward (the backward
-// sends as much again).
+// Expert parallelism (ep ranks per group, ranks a multiple of ep): each token's k latent rows go
+// to the ranks owning its experts and come back, (ep - 1)/ep of them leaving the rank (uniform
+// routing; the real count is the routing's): 2 k l x bytes_per_value x (ep - 1)/ep per token
+// and MoE layer, forward, bf16 (ep_bytes_per_token), and as k3cpp trains (f32, forward and
+// backward, ep_train_bytes_per_token: 4 k l x 4 x (ep - 1)/ep per token and MoE layer, summed
+// over the ranks; plus E/ep x 8 bytes of counts per peer and MoE layer call). The gradient
+// reduction then covers the trunk only: 8 T (N-1)/N per rank and step, T = G minus the
+// routed experts' floats; the owners of the same experts in the N/ep groups exchange their
+// per-source accumulators, 4 X (N/ep - 1) per rank and step, X = the routed experts' floats
+// (all of a layer's experts: E/ep experts x ep sources).
 struct DataParallelComm {
   int64_t ranks = 0, bins = 0, ep = 1;
-  int64_t grad_floats = 0, trained = 0, hist_ints = 0, moe_layers = 0;
+  int64_t grad_floats = 0, trained = 0, hist_ints = 0, moe_layers = 0, expert_floats = 0;
   double grad_bytes = 0, hist_bytes = 0;           // per rank per step
   double opt_state_bytes_zero1 = 0, opt_state_bytes = 0, weight_bytes = 0;  // per rank
   double ep_bytes_per_token = 0;                   // forward, all MoE layers, bf16 values
+  double ep_train_bytes_per_token = 0;             // forward + backward, all MoE layers, f32, all ranks
+  double ep_trunk_grad_bytes = 0, ep_replica_grad_bytes = 0;  // per rank per step (with ep > 1)
+  double ep_opt_state_bytes = 0;                   // per rank: the trunk's and 1/ep of the experts'
 };
 DataParallelComm project_data_parallel(const K3Config& c, int64_t ranks, int64_t qb_bins, int64_t ep = 1);
 

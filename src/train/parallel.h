@@ -15,7 +15,11 @@
 #include <string>
 #include <vector>
 
+#include "kernels/moe.h"
+
 namespace k3 {
+
+class ExpertTrainExchange;  // kernels/moe_exchange.h
 
 class DataParallel {
  public:
@@ -55,6 +59,31 @@ class DataParallel {
   // Refuses (k3::Error on every rank, naming the ranks) unless every rank holds the same bytes:
   // a 64-bit content hash of them is gathered and compared.
   void check_identical(const void* data, size_t bytes, const std::string& what);
+};
+
+// Expert parallelism in training (TrainOptions::ep; src/dist/expert_parallel_train.h). The
+// job's ranks (DataParallel, N of them) form N / size() groups of size() consecutive ranks
+// (world rank = group() x size() + rank()); in every group, rank j owns routed experts
+// [j E / size(), (j + 1) E / size()) of every MoE layer: it alone computes them (the kernels'
+// ExpertTrainExchange brings it the group's rows), holds their summed gradients and steps
+// them. Every rank still trains its own 1/N of each micro-batch, as in data parallelism.
+// Collective like DataParallel.
+class ExpertParallelTraining {
+ public:
+  virtual ~ExpertParallelTraining() = default;
+  virtual int size() const = 0;   // ranks per group
+  virtual int rank() const = 0;   // this rank within its group
+  virtual int group() const = 0;  // which group (the experts' data-parallel replica)
+  bool owns(int64_t e, int64_t E) const { return e / (E / size()) == rank(); }
+  virtual ExpertTrainExchange* exchange() = 0;  // set around the training forwards and backwards
+  // Where the step's summed gradients of this rank's experts go: per MoE layer, one view per
+  // owned expert (ascending); w1, w3 [F, n_in], w2 [n_in, F]. Called once before training.
+  virtual void bind_gradients(const std::vector<std::vector<ExpertGrad>>& owned, int64_t n_in, int64_t F) = 0;
+  virtual void begin_step() = 0;  // before the step's first forward: the accumulators to zero
+  // After the step's backwards: every bound view holds the sum over every rank of the job
+  // (each rank's tokens' contribution, accumulated on the owner as that rank would have) in
+  // world rank order, ((g_0 + g_1) + g_2) + ..., as reduce_sum_ordered sums.
+  virtual void reduce_gradients() = 0;
 };
 
 }  // namespace k3

@@ -21,8 +21,11 @@
 #include "io/tiktoken_config.h"
 #include "model/checkpoint.h"
 #include "model/init.h"
+#include "model/param_specs.h"
+#include "kernels/moe_exchange.h"
 #include "train/balancer.h"
 #include "train/data.h"
+#include "train/expert_sharding.h"
 #include "train/long_mix.h"
 #include "train/metrics.h"
 #include "train/model_grad.h"
@@ -121,6 +124,15 @@ struct Trainer::Impl {
   std::vector<size_t> owner_cut;
   std::vector<int64_t> bounds, state_off;
   int64_t n_trained = 0;  // parameters the optimiser trains (all ranks together)
+  // Expert parallel (opt.ep): all_refs, every optimiser parameter (checkpoint order);
+  // local_refs, the indices of those this rank steps (the trunk and its own experts);
+  // local_state_off: their offsets in this rank's optimiser state.
+  ExpertParallelTraining* ep = nullptr;
+  ExpertSharding shard;
+  std::vector<ParamRef> all_refs;
+  std::vector<size_t> local_refs;
+  std::vector<int64_t> local_state_off;
+  std::vector<float> trunk_buf;
   std::vector<int32_t> skip_seq;
   std::unique_ptr<Balancer> balancer;
   LossOptions loss_opt;
@@ -159,6 +171,9 @@ struct Trainer::Impl {
                                  o.quiet || !o.log || (o.dp && o.dp->rank() != 0)) {}
 
   void setup();
+  void setup_expert_parallel(const K3Config& cfg);
+  void sync_expert_weights();
+  std::vector<float> gathered_optimizer_state();
   void resolve_vocabulary(const Corpus& corpus, const K3Config& cfg);
   void load_checkpoint(const K3Config& cfg);
   StepStats train_step();
@@ -178,6 +193,13 @@ void Trainer::Impl::setup() {
   P = num_threads();
   dp = opt.dp;
   if (dp) R = dp->rank(), NR = dp->size();
+  ep = opt.ep;
+  if (ep && (!dp || NR % ep->size() != 0 || R != ep->group() * ep->size() + ep->rank()))
+    fail("train: expert parallelism needs data-parallel ranks in groups of " + std::to_string(ep ? ep->size() : 0) +
+         " (--ep must divide --dp's rank count)");
+  if (ep && opt.shard_optimizer && NR > 1)
+    fail("train: expert parallelism with a ZeRO-1 sharded trunk optimiser is not supported (pass --zero 0; the "
+         "experts' optimiser state is sharded by ownership)");
   for (size_t i = 0; i < run.stages.size() && NR > 1; ++i)
     if ((run.micro_batch_tokens / run.stages[i].seq_len) % NR != 0)
       fail_input(run.path, "micro_batch_tokens",
@@ -257,7 +279,9 @@ void Trainer::Impl::setup() {
     }
   }
   const int64_t total = model->weights().size();
-  for (int t = 0; t < P; ++t) {
+  // One gradient buffer and scratch per thread; expert parallel runs its sequences one at a
+  // time (the kernels take the threads), so one of each.
+  for (int t = 0; t < (opt.ep ? 1 : P); ++t) {
     grads.push_back(Tensor::zeros(DType::F32, {total}));
     scratch.push_back(make_train_scratch());
   }
@@ -278,6 +302,28 @@ void Trainer::Impl::setup() {
   for (int r = 1; r < NR; ++r)
     bounds[size_t(r)] = owner_cut[size_t(r)] < refs.size() ? refs[owner_cut[size_t(r)]].g - grads[0].data<float>() : total;
   zero = dp && opt.shard_optimizer && NR > 1;
+  if (ep) {
+    if (cfg.num_experts % ep->size() != 0)
+      fail_input(run.model_config, "num_experts",
+                 std::to_string(cfg.num_experts) + " routed experts per layer cannot be split over --ep " +
+                     std::to_string(ep->size()) + " ranks: make --ep divide it");
+    if (vision) fail_input(run.path, "vision", "expert parallelism (--ep) of a run with images is not supported");
+    all_refs = refs;
+    shard.build(refs, grads[0].data<float>(), total, cfg.num_experts, ep->size(), ep->rank(), ep->group());
+    std::vector<ParamRef> mine;
+    std::vector<double> mine_scale;
+    local_state_off.assign(1, 0);
+    for (size_t i = 0; i < refs.size(); ++i)
+      if (shard.mine(i)) {
+        local_refs.push_back(i);
+        mine.push_back(refs[i]);
+        mine_scale.push_back(lr_scale[i]);
+        local_state_off.push_back(local_state_off.back() + 2 * refs[i].rows * refs[i].cols);
+      }
+    refs = std::move(mine);
+    lr_scale = std::move(mine_scale);
+    trunk_buf.resize(size_t(shard.trunk_elems));
+  }
   if (zero) {
     const auto b = int64_t(owner_cut[size_t(R)]), e = int64_t(owner_cut[size_t(R) + 1]);
     refs = std::vector<ParamRef>(refs.begin() + b, refs.begin() + e);
@@ -289,6 +335,11 @@ void Trainer::Impl::setup() {
     if (zero)  // this rank's parameters' moments (the checkpoint holds every parameter's)
       opt_state = std::vector<float>(opt_state.begin() + state_off[owner_cut[size_t(R)]],
                                      opt_state.begin() + state_off[owner_cut[size_t(R) + 1]]);
+    if (ep) {  // the trunk's and this rank's experts' moments: any layout resumes any checkpoint
+      std::vector<float> mine;
+      for (size_t i : local_refs) mine.insert(mine.end(), opt_state.begin() + state_off[i], opt_state.begin() + state_off[i + 1]);
+      opt_state = std::move(mine);
+    }
     optim->set_state(opt_state);
     optim->set_steps(st.optimizer_steps);
     opt_state.clear();
@@ -300,6 +351,7 @@ void Trainer::Impl::setup() {
   first_moe = std::min(dims.first_moe, dims.L);
   n_moe = dims.L - first_moe;
   E = cfg.num_experts, topk = cfg.num_experts_per_token;
+  if (ep) setup_expert_parallel(cfg);
   if (n_moe > 0) {
     if (run.balancer == "qb-hist" || run.balancer == "qb-exact") {
       QuantileBalancerOptions qo;
@@ -444,10 +496,11 @@ StepStats Trainer::Impl::train_step() {
   const double scale = 1.0 / double(targets + vtargets);
   double vloss_sum = 0, t_vis = 0;
   const int64_t total = model->weights().size();
-  const bool par = P > 1 && nl > 1;
+  const bool par = P > 1 && nl > 1 && !ep;  // expert parallel: one sequence at a time (MPI from the main thread)
+  if (ep) ep->begin_step();
   // Zero the gradient buffers (each thread its own: first touch stays local).
 #pragma omp parallel for schedule(static) num_threads(P)
-  for (int t = 0; t < P; ++t) std::memset(grads[size_t(t)].data<float>(), 0, sizeof(float) * size_t(total));
+  for (int t = 0; t < int(grads.size()); ++t) std::memset(grads[size_t(t)].data<float>(), 0, sizeof(float) * size_t(total));
 
   seqs.resize(size_t(nl * (T + 1)));
   skip_seq.resize(size_t(T + 1));
@@ -466,12 +519,20 @@ StepStats Trainer::Impl::train_step() {
       stream->next(seq);  // advances even when replaced: the data position never depends on the mix
       long_seqs += mix_long_sample(sc.long_tasks, encode, run.seed, st.step, mb * nseq + s, T, seq, wt);
     }
-    for_each_sequence(nl, P, par, [&](int64_t s, int tid) {
-      LossOptions lo = loss_opt;
-      if (weighted) lo.target_weight = seq_weights.data() + s * T;
-      results[size_t(s)] = forward_backward(*model, seqs.data() + s * (T + 1), T, scale, grads[size_t(tid)].data<float>(),
-                                            *scratch[size_t(tid)], lo, balancer ? &routing[size_t(s)] : nullptr);
-    });
+    {
+      // Expert parallel: the MoE layers' training forwards and backwards exchange rows with
+      // the experts' owners (kernels/moe_exchange.h) for these sequences only.
+      struct ExchangeScope {
+        explicit ExchangeScope(ExpertParallelTraining* e) { if (e) set_expert_train_exchange(e->exchange()); }
+        ~ExchangeScope() { set_expert_train_exchange(nullptr); }
+      } scope(ep);
+      for_each_sequence(nl, P, par, [&](int64_t s, int tid) {
+        LossOptions lo = loss_opt;
+        if (weighted) lo.target_weight = seq_weights.data() + s * T;
+        results[size_t(s)] = forward_backward(*model, seqs.data() + s * (T + 1), T, scale, grads[size_t(tid)].data<float>(),
+                                              *scratch[size_t(tid)], lo, balancer ? &routing[size_t(s)] : nullptr);
+      });
+    }
     for (int64_t s = 0; s < nl; ++s)
       part[size_t(2 * (mb * nl + s))] = results[size_t(s)].loss_sum, part[size_t(2 * (mb * nl + s) + 1)] = results[size_t(s)].aux_loss;
     if (vision) {
@@ -522,7 +583,19 @@ StepStats Trainer::Impl::train_step() {
     part = dp->allgatherv(part.data(), part.size(), "loss.gather");
     // Ranks in order: then the gradients, summed in rank order (((g_0 + g_1) + g_2) ...), the
     // order in which one process of NR threads sums its thread buffers above.
-    dp->reduce_sum_ordered(g0, total, bounds, !zero, "grad.reduce");
+    if (ep) {
+      // The trunk as data parallelism reduces it (packed: the routed experts are not in it);
+      // the experts on their owners, summed in the same rank order.
+      shard.pack(g0, trunk_buf.data());
+      const int64_t n = shard.trunk_elems;
+      std::vector<int64_t> tb(size_t(NR) + 1);
+      for (int r = 0; r <= NR; ++r) tb[size_t(r)] = n * r / NR;
+      dp->reduce_sum_ordered(trunk_buf.data(), n, tb, true, "grad.reduce");
+      shard.unpack(trunk_buf.data(), g0);
+      ep->reduce_gradients();
+    } else {
+      dp->reduce_sum_ordered(g0, total, bounds, !zero, "grad.reduce");
+    }
     if (balancer) balancer->reduce_across(*dp);
   }
   double loss_sum = 0, aux_sum = 0;
@@ -543,7 +616,14 @@ StepStats Trainer::Impl::train_step() {
          " (diverged); the last checkpoint is kept: lower the learning rate and resume or restart");
   const auto t1 = Clock::now();
   double gnorm;
-  if (zero) {  // each rank holds the summed gradients of its own parameters only
+  if (ep) {  // every parameter's squared norm in parameter order: the experts' from their owners
+    const std::vector<double> mine_sq = param_sq_norms(optim->params());
+    std::vector<double> local_sq(all_refs.size(), 0.0);
+    for (size_t j = 0; j < local_refs.size(); ++j) local_sq[local_refs[j]] = mine_sq[j];
+    gnorm = norm_of_sq_norms(shard.assemble<double>(
+        *dp, all_refs.size(), [](size_t) { return size_t(1); }, [&](size_t i) { return &local_sq[i]; }, "grad.norm"));
+    clip_grads_to(optim->params(), gnorm, run.grad_clip);
+  } else if (zero) {  // each rank holds the summed gradients of its own parameters only
     const std::vector<double> sq = param_sq_norms(optim->params());
     gnorm = norm_of_sq_norms(dp->allgatherv(sq.data(), sq.size(), "grad.norm"));
     clip_grads_to(optim->params(), gnorm, run.grad_clip);
@@ -614,6 +694,7 @@ StepStats Trainer::Impl::train_step() {
 }
 
 EvalResult Trainer::Impl::evaluate(int64_t T, int64_t max_tokens) {
+  sync_expert_weights();  // expert parallel: every rank evaluates its windows with every expert
   const int64_t avail = T > 0 ? (int64_t(data.heldout.size()) - 1) / T : 0;
   if (avail < 1)
     fail("evaluate: the held-out stream (" + std::to_string(data.heldout.size()) + " tokens) holds no window of " +
@@ -731,11 +812,11 @@ void Trainer::Impl::save() {
   st.data_epoch = running ? stream->epoch() : 0;
   st.data_cursor = running ? stream->cursor() : 0;
   st.optimizer_steps = optim->steps();
+  sync_expert_weights();
   st.weights_hash = content_hash(model->weights().data(), size_t(model->weights().size()) * sizeof(float));
   if (vision) st.vision_cursor = vision->cursor(), st.vision_hash = vision->params_hash();
   if (dp) dp->check_identical(st.weights_hash.data(), st.weights_hash.size(), "weights");
-  optim->get_state(opt_state);
-  if (zero) opt_state = dp->allgatherv(opt_state.data(), opt_state.size(), "checkpoint.optimizer_state");
+  opt_state = gathered_optimizer_state();
   SaveOptions so;
   so.before_commit = [&](const std::string& tmp) {
     vocab.save(tmp);  // the checkpoint is a model directory: tokenizer beside config and weights
@@ -788,7 +869,7 @@ void Trainer::Impl::begin() {
   const int64_t n_params = n_trained;
   metrics.write({{"type", opt.resume ? "resume" : "start"}, {"step", st.step}, {"run", run.path},
                  {"model", run.model_config}, {"parameters", n_params}, {"threads", P}, {"dp_ranks", NR},
-                 {"zero1", zero},
+                 {"zero1", zero}, {"ep_ranks", ep ? ep->size() : 1},
                  {"total_steps", total_steps}, {"train_tokens", int64_t(data.train.size())},
                  {"heldout_tokens", int64_t(data.heldout.size())}, {"unigram_bpb", unigram_bpb},
                  {"cpu", cpu_model_name()}, {"simd_target", simd_target().name}});
@@ -798,6 +879,7 @@ void Trainer::Impl::begin() {
                    std::to_string(total_steps) + " steps of " + std::to_string(run.batch_tokens) + " tokens, " +
                    std::to_string(P) + " threads" +
                    (NR > 1 ? " x " + std::to_string(NR) + " data-parallel ranks" + (zero ? " (ZeRO-1)" : "") : "") +
+                   (ep ? " in expert-parallel groups of " + std::to_string(ep->size()) : "") +
                    ", optimizer " + run.optimizer + ", balancer " + run.balancer);
   if (st.stage < n_stages) {
     stream = std::make_unique<SequenceStream>(&data.train, run.stages[size_t(st.stage)].seq_len, run.seed);
@@ -863,18 +945,73 @@ int64_t Trainer::stage_steps(size_t stage) const { return impl_->steps_of.at(sta
 
 std::vector<float> Trainer::last_gradients() {
   Impl& m = *impl_;
-  const float* g = m.grads[0].data<float>();
+  float* g = m.grads[0].data<float>();
   std::vector<float> out(g, g + m.model->weights().size());
   if (m.zero) m.dp->allgather_ranges(out.data(), m.bounds, "last_gradients");
+  if (m.ep) {  // the experts' from their owners
+    const std::vector<ParamRef>& refs = m.all_refs;
+    const std::vector<float> all = m.shard.assemble<float>(
+        *m.dp, refs.size(), [&](size_t i) { return size_t(refs[i].rows * refs[i].cols); },
+        [&](size_t i) { return static_cast<const float*>(refs[i].g); }, "last_gradients");
+    size_t at = 0;
+    for (const ParamRef& p : refs) {
+      std::memcpy(out.data() + (p.g - g), all.data() + at, sizeof(float) * size_t(p.rows * p.cols));
+      at += size_t(p.rows * p.cols);
+    }
+  }
   return out;
 }
 
-std::vector<float> Trainer::optimizer_state() {
-  Impl& m = *impl_;
+std::vector<float> Trainer::optimizer_state() { return impl_->gathered_optimizer_state(); }
+
+void Trainer::sync_expert_weights() { impl_->sync_expert_weights(); }
+
+// Every parameter's moments in checkpoint order: gathered from the ZeRO-1 owners, or from the
+// experts' owners under expert parallelism.
+std::vector<float> Trainer::Impl::gathered_optimizer_state() {
   std::vector<float> s;
-  m.optim->get_state(s);
-  if (m.zero) s = m.dp->allgatherv(s.data(), s.size(), "optimizer_state");
+  optim->get_state(s);
+  if (zero) s = dp->allgatherv(s.data(), s.size(), "optimizer_state");
+  if (ep) {
+    std::vector<int64_t> at(all_refs.size(), -1);
+    for (size_t j = 0; j < local_refs.size(); ++j) at[local_refs[j]] = local_state_off[j];
+    s = shard.assemble<float>(
+        *dp, all_refs.size(), [&](size_t i) { return size_t(2 * all_refs[i].rows * all_refs[i].cols); },
+        [&](size_t i) { return static_cast<const float*>(s.data() + at[i]); }, "optimizer_state");
+  }
   return s;
+}
+
+// Expert parallel: every rank's copy of every routed expert set to its owner's (group 0), so
+// a rank can evaluate, hash and write the whole model (the training steps use only its own).
+void Trainer::Impl::sync_expert_weights() {
+  if (!ep) return;
+  const std::vector<ParamRef>& refs = all_refs;
+  const std::vector<float> all = shard.assemble<float>(
+      *dp, refs.size(), [&](size_t i) { return size_t(refs[i].rows * refs[i].cols); },
+      [&](size_t i) { return static_cast<const float*>(refs[i].w); }, "ep.weights.gather");
+  size_t at = 0;
+  for (const ParamRef& p : refs) {
+    if (shard.owner[size_t(&p - refs.data())] >= 0) std::memcpy(p.w, all.data() + at, sizeof(float) * size_t(p.rows * p.cols));
+    at += size_t(p.rows * p.cols);
+  }
+}
+
+// Expert parallel: where the owner's summed expert gradients go (grads[0], the optimiser's).
+void Trainer::Impl::setup_expert_parallel(const K3Config& cfg) {
+  const int64_t per = E / ep->size();
+  std::vector<std::vector<ExpertGrad>> owned(static_cast<size_t>(n_moe));
+  float* g0 = grads[0].data<float>();
+  const WeightStore& w = model->weights();
+  auto grad_of = [&](const std::string& name) { return g0 + (w.param(name) - w.data()); };
+  K3_ASSERT(n_moe > 0, "train: --ep needs a model with MoE layers");
+  for (int64_t l = 0; l < n_moe; ++l)
+    for (int64_t j = 0; j < per; ++j) {
+      const std::string x = layer_prefix(first_moe + l) + "block_sparse_moe.experts." + std::to_string(ep->rank() * per + j) + ".";
+      owned[size_t(l)].push_back({grad_of(x + "w1.weight"), grad_of(x + "w3.weight"), grad_of(x + "w2.weight")});
+    }
+  (void)cfg;
+  ep->bind_gradients(owned, model->dims().moe.l, model->dims().moe.F);
 }
 
 }  // namespace k3

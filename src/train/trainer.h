@@ -48,7 +48,8 @@
 
 namespace k3 {
 
-class DataParallel;  // train/parallel.h
+class DataParallel;            // train/parallel.h
+class ExpertParallelTraining;  // train/parallel.h
 
 struct TrainOptions {
   std::string out_dir;
@@ -67,6 +68,12 @@ struct TrainOptions {
   // it owns, whole matrices assigned to ranks in contiguous runs of about equal optimiser
   // cost; the updated parameters are then gathered. false: every rank steps everything.
   bool shard_optimizer = true;
+  // Expert parallel (with dp; docs/distributed.md): the ranks form groups of ep->size(), each
+  // rank of a group owning, computing and stepping 1/ep->size() of every MoE layer's routed
+  // experts; the sequences still split over all dp ranks. The trunk's optimiser is replicated
+  // (shard_optimizer must be false); sequences run one at a time on each rank (the kernels
+  // use the threads). nullptr: every rank holds every expert.
+  ExpertParallelTraining* ep = nullptr;
 };
 
 // Held-out evaluation: non-overlapping windows of seq_len + 1 tokens from the start of the
@@ -124,6 +131,10 @@ class Trainer {
   // The last step's summed (and clipped) gradient, carved like the weights (collective with dp
   // and a sharded optimiser: each range gathered from its owner). For tests.
   std::vector<float> last_gradients();
+  // Expert parallel: every rank's copy of every routed expert set to its owner's (collective;
+  // evaluation and checkpoints do it themselves; nothing to do otherwise). For tests reading
+  // model() between steps.
+  void sync_expert_weights();
 
  private:
   struct Impl;

@@ -8,6 +8,12 @@
 //  - a rank that exits without MPI_Finalize ends the job the same way;
 //  - a rank that hangs makes the others abort at --comm-timeout, naming the collective;
 //  - --dp without mpirun, and mpirun without --dp, are refused with one line.
+//  - expert parallel (`--ep 2`): the job logs and records (comm_stats.json) the bytes of its
+//    token dispatch, equal to the rows it sent to the other rank's experts x 16 (the latent
+//    width) x 4; stopped at step 4 and resumed as one process of 2 threads it ends bitwise
+//    equal to that process's uninterrupted run (the checkpoint is whole); --ep that does not
+//    fit the rank count, the expert count or ZeRO-1 is refused with one line; a rank killed
+//    mid-run ends the job and leaves the last checkpoint.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -195,5 +201,78 @@ TEST(DistJobs, ExpertParallelGenerateEqualsOneProcess) {
   }
 }
 
-}  // namespace k3::test
+TEST(DistJobs, ExpertParallelJobCountsItsDispatchAndResumesAsOneProcess) {
+  TempDir t("k3_dist_jobs");
+  write_job_files(t.path);
+  Job ref = sh(train_args(t.path, t.sub("ref")) + " --threads 2");
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  const std::string loud = shell_quote(K3_CLI_PATH) + " train --config " + shell_quote(t.path + "/run.json") +
+                           " --out " + shell_quote(t.sub("ep"));
+  Job ep = sh(mpirun(2) + " " + loud + " --ep 2 --threads 1 --steps 4");
+  ASSERT_EQ(ep.rc, 0) << ep.out;
+  EXPECT_EQ(train_state(t.sub("ep/checkpoint"))["step"], 4);
+  const auto cs = nlohmann::json::parse(slurp(t.sub("ep/comm_stats.json")));
+  ASSERT_EQ(cs["ranks"], 2);
+  for (int r = 0; r < 2; ++r) {
+    const auto& pr = cs["per_rank"][size_t(r)];
+    const int64_t rows = pr["ep.fwd.rows_sent"]["rows"].get<int64_t>();
+    EXPECT_GT(rows, 0);
+    EXPECT_EQ(pr["ep.fwd.dispatch"]["bytes_sent"].get<int64_t>(), rows * 16 * 4) << "rank " << r;
+    EXPECT_EQ(pr["ep.bwd.dispatch"]["bytes_sent"], pr["ep.fwd.dispatch"]["bytes_sent"]) << "rank " << r;
+    // 4 steps x 2 micro-batches x 2 sequences per rank x 3 MoE layers, 4 counts of 8 bytes each.
+    EXPECT_EQ(pr["ep.fwd.counts"]["calls"].get<int64_t>(), 4 * 2 * 2 * 3) << "rank " << r;
+    EXPECT_EQ(pr["ep.fwd.counts"]["bytes_sent"].get<int64_t>(), 4 * 2 * 2 * 3 * 4 * 8) << "rank " << r;
+    EXPECT_NE(ep.out.find("train: rank " + std::to_string(r) + ": expert dispatch sent " +
+                          std::to_string(rows * 64) + " bytes"),
+              std::string::npos)
+        << ep.out;
+  }
+  // Against the planner (k3cpp plan --dp 2 --ep 2): the trunk's gradient traffic exactly; the
+  // all-to-all volume per token within 10 % (the planner assumes uniform routing, (ep - 1)/ep
+  // of the rows leaving their rank; the run's QB-balanced routing decides the real share).
+  Job plan = sh(shell_quote(K3_CLI_PATH) + " plan " + shell_quote(t.sub("model.json")) + " --dp 2 --ep 2 --json");
+  ASSERT_EQ(plan.rc, 0) << plan.out;
+  const auto dpp = nlohmann::json::parse(plan.out)["data_parallel"];
+  double trunk = 0, a2a = 0;
+  for (const auto& pr : cs["per_rank"]) {
+    trunk += pr["grad.reduce.reduce_scatter"]["bytes_sent"].get<double>() +
+             pr["grad.reduce.allgather"]["bytes_sent"].get<double>();
+    for (const char* l : {"ep.fwd.dispatch", "ep.fwd.combine", "ep.bwd.dispatch", "ep.bwd.combine"})
+      a2a += pr[l]["bytes_sent"].get<double>();
+  }
+  EXPECT_EQ(trunk / 4, 2 * dpp["ep_trunk_gradient_bytes_per_rank_step"].get<double>());
+  const double per_token = a2a / (4 * 256), planned = dpp["ep_train_alltoall_bytes_per_token"].get<double>();
+  EXPECT_NEAR(per_token, planned, 0.1 * planned) << "measured " << per_token << " bytes per token";
+  std::printf("measured all-to-all %.1f bytes per token (planner, uniform routing: %.1f)\n", per_token, planned);
+  Job one = sh(train_args(t.path, t.sub("ep")) + " --threads 2 --resume");
+  ASSERT_EQ(one.rc, 0) << one.out;
+  const auto got = train_state(t.sub("ep/checkpoint")), want = train_state(t.sub("ref/checkpoint"));
+  EXPECT_EQ(got["step"], 8);
+  EXPECT_EQ(got["weights_hash"], want["weights_hash"]);
+  EXPECT_EQ(got["optimizer_hash"], want["optimizer_hash"]);
 
+  // A rank killed mid-run (step 3) ends the job; the step-2 checkpoint stays.
+  Job killed = sh(mpirun(2, "kill:1:3") + " " + train_args(t.path, t.sub("k")) + " --ep 2 --threads 1 --comm-timeout 30");
+  EXPECT_NE(killed.rc, 0) << killed.out;
+  EXPECT_LT(killed.seconds, 30) << killed.out;
+  EXPECT_NE(killed.out.find("signal 9"), std::string::npos) << killed.out;
+  EXPECT_EQ(train_state(t.sub("k/checkpoint"))["step"], 2) << killed.out;
+
+  Job wide = sh(mpirun(2) + " " + train_args(t.path, t.sub("a")) + " --ep 4");
+  EXPECT_NE(wide.rc, 0) << wide.out;
+  EXPECT_NE(wide.out.find("--ep 4 x --dp 1 but the job has 2 MPI rank(s): start it with mpirun -np 4"), std::string::npos)
+      << wide.out;
+  Job zero = sh(mpirun(2) + " " + train_args(t.path, t.sub("b")) + " --ep 2 --zero 1");
+  EXPECT_NE(zero.rc, 0) << zero.out;
+  EXPECT_NE(zero.out.find("--zero 1 with --ep"), std::string::npos) << zero.out;
+  nlohmann::json run3 = tiny_run();  // 6 sequences per micro-batch: 3 ranks share them
+  run3["batch_tokens"] = 384, run3["micro_batch_tokens"] = 192;
+  write_run_files(t.path, run3, "run3.json");
+  Job three = sh(mpirun(3) + " " + shell_quote(K3_CLI_PATH) + " train --config " + shell_quote(t.path + "/run3.json") +
+                 " --out " + shell_quote(t.sub("c")) + " --quiet --ep 3 --threads 1");
+  EXPECT_NE(three.rc, 0) << three.out;
+  EXPECT_NE(three.out.find("num_experts: 8 routed experts per layer cannot be split over --ep 3"), std::string::npos)
+      << three.out;
+}
+
+}  // namespace k3::test

@@ -33,6 +33,7 @@
 #include "dist/expert_parallel.h"
 #include "dist/runtime.h"
 #include "dist_env.h"
+#include "dist_test_util.h"
 #include "core/threads.h"
 #include "infer/session.h"
 #include "kernels/moe_exchange.h"
@@ -48,32 +49,6 @@ namespace k3::test {
 void or_all_ranks(int mine, int* all) { MPI_Allreduce(&mine, all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD); }
 
 namespace {
-
-struct Group {
-  std::unique_ptr<dist::Comm> comm;
-  std::unique_ptr<dist::CommDataParallel> dp;
-  explicit Group(int64_t bucket_bytes = int64_t(4) << 20) {
-    comm = dist::make_comm("mpi", 120);
-    dp = std::make_unique<dist::CommDataParallel>(*comm, bucket_bytes);
-  }
-};
-
-// A directory every rank sees: made by rank 0 (which removes it at the end), path broadcast.
-struct SharedDir {
-  DataParallel& dp;
-  std::unique_ptr<TrainTempDir> owner;
-  std::string path;
-  explicit SharedDir(DataParallel& d) : dp(d) {
-    char buf[512] = {0};
-    if (dp.rank() == 0) {
-      owner = std::make_unique<TrainTempDir>();
-      std::snprintf(buf, sizeof buf, "%s", owner->path.c_str());
-    }
-    dp.broadcast_bytes(buf, sizeof buf, 0, "test.dir");
-    path = buf;
-  }
-  ~SharedDir() { dp.barrier("test.dir.done"); }
-};
 
 float value(int rank, int64_t i) {  // wide magnitudes, so that the summation order matters
   uint64_t h = uint64_t(rank + 1) * 0x9e3779b97f4a7c15ull ^ uint64_t(i) * 0xbf58476d1ce4e5b9ull;
@@ -193,59 +168,6 @@ TEST(DistRanks, QuantileBalancingStatisticsAreTheGlobalBatchs) {
     }
   }
 }
-
-namespace {
-
-// What a run did at every step, and at its end.
-struct Trace {
-  std::vector<double> loss, gnorm;
-  std::vector<std::string> grads_hash, weights_hash;
-  std::vector<float> weights, opt_state;
-  std::string evals, ckpt_weights_hash, ckpt_opt_hash;
-};
-
-Trace trace_run(const std::string& run_path, const std::string& out, int threads, DataParallel* dp, bool zero) {
-  TrainOptions o;
-  o.out_dir = out;
-  o.quiet = true;
-  o.threads = threads;
-  o.dp = dp;
-  o.shard_optimizer = zero;
-  Trainer t(load_run_config(run_path), o);
-  Trace tr;
-  int64_t total = 0;
-  for (size_t s = 0; s < t.run_config().stages.size(); ++s) total += t.stage_steps(s);
-  for (int64_t i = 0; i < total; ++i) {
-    const StepStats s = t.step();
-    tr.loss.push_back(s.loss);
-    tr.gnorm.push_back(s.grad_norm);
-    const std::vector<float> g = t.last_gradients();
-    tr.grads_hash.push_back(content_hash(g.data(), g.size() * sizeof(float)));
-    const WeightStore& w = t.model().weights();
-    tr.weights_hash.push_back(content_hash(w.data(), size_t(w.size()) * sizeof(float)));
-  }
-  t.run();  // the final checkpoint
-  tr.opt_state = t.optimizer_state();
-  const WeightStore& w = t.model().weights();
-  tr.weights.assign(w.data(), w.data() + w.size());
-  if (!dp || dp->rank() == 0) {
-    std::istringstream in(read_text(out + "/metrics.jsonl"));
-    std::string line;
-    while (std::getline(in, line)) {
-      const auto j = nlohmann::json::parse(line);
-      if (j["type"] == "eval")
-        tr.evals += j["step"].dump() + " " + j["loss"].dump() + " " + j["bpb"].dump() + " " + j["maxvio"].dump() + "\n";
-    }
-    std::vector<float> os;
-    const int64_t n = int64_t(tr.opt_state.size());
-    const TrainState st = load_train_state(out + "/checkpoint/train_state.safetensors", os, n);
-    tr.ckpt_weights_hash = st.weights_hash;
-    tr.ckpt_opt_hash = st.optimizer_hash;
-  }
-  return tr;
-}
-
-}  // namespace
 
 TEST(DistRanks, DataParallelTrainingEqualsOneProcessBitwise) {
   Group g;

@@ -1,0 +1,68 @@
+// Expert-parallel training's view of the parameters (train/parallel.h ExpertParallelTraining;
+// used by trainer.cpp). Which optimiser parameters are routed experts and which rank of a
+// group owns each; the ranges of the flat gradient buffer that are not routed experts (the
+// trunk: reduced over every rank as in data parallelism); and per-parameter quantities
+// (weights, gradients, squared norms, optimiser moments) put together in parameter order
+// from the ranks that hold them: the trunk's from this rank (every rank holds it), each
+// expert's from its owner in group 0 (world rank = its group rank there).
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "train/optimizer.h"
+#include "train/parallel.h"
+
+namespace k3 {
+
+// The routed expert index of a parameter name "...block_sparse_moe.experts.<e>.w<1|2|3>.weight",
+// else -1.
+int64_t routed_expert_index(const std::string& name);
+
+struct ExpertSharding {
+  int group_size = 1, group_rank = 0, group = 0;
+  std::vector<int> owner;  // per parameter (optimiser order): -1 trunk, else the owning group rank
+  std::vector<std::pair<int64_t, int64_t>> trunk;  // [begin, end) of the flat buffer outside routed experts
+  int64_t trunk_elems = 0;
+
+  // refs: every optimiser parameter (in order) with g pointing into the flat buffer g0 of
+  // `total` floats; E experts per MoE layer (a multiple of group_size).
+  void build(const std::vector<ParamRef>& refs, const float* g0, int64_t total, int64_t E, int gsize, int grank, int grp);
+  bool mine(size_t i) const { return owner[i] < 0 || owner[i] == group_rank; }
+  void pack(const float* g, float* out) const;    // trunk ranges of g -> out [trunk_elems]
+  void unpack(const float* in, float* g) const;   // and back
+
+  // Per parameter i of n, values of count(i) elements: this rank's local(i) where it holds
+  // them. Returns every parameter's, concatenated in parameter order (collective over dp).
+  template <typename T, typename Count, typename Local>
+  std::vector<T> assemble(DataParallel& dp, size_t n, Count count, Local local, const char* label) const {
+    std::vector<T> mine_v;
+    if (group == 0)
+      for (size_t i = 0; i < n; ++i)
+        if (owner[i] == group_rank) {
+          const T* p = local(i);
+          mine_v.insert(mine_v.end(), p, p + count(i));
+        }
+    std::vector<size_t> counts;
+    const std::vector<T> all = dp.allgatherv(mine_v.data(), mine_v.size(), label, &counts);
+    std::vector<size_t> cursor(counts.size(), 0);
+    for (size_t r = 1; r < counts.size(); ++r) cursor[r] = cursor[r - 1] + counts[r - 1];
+    std::vector<T> out;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t c = count(i);
+      if (owner[i] < 0) {
+        const T* p = local(i);
+        out.insert(out.end(), p, p + c);
+      } else {
+        size_t& at = cursor[size_t(owner[i])];
+        out.insert(out.end(), all.begin() + long(at), all.begin() + long(at + c));
+        at += c;
+      }
+    }
+    return out;
+  }
+};
+
+}  // namespace k3
