@@ -117,10 +117,11 @@ def main():
             md.append(f"| {r} | " + " | ".join(f"{c[i]:.3f}" for i in edges) + " |")
     with open(os.path.join(out, "study.md"), "w") as f:
         f.write("\n".join(md) + "\n")
-    write_svg(os.path.join(out, "study.svg"), curves)
+    write_svg(os.path.join(out, "study.svg"), curves, runs)
 
 
-def write_svg(path, curves):
+def write_svg(path, curves, runs):
+    # One colour per run across the panels (a run missing from a panel keeps its colour elsewhere).
     W, H, P = 460, 280, 52
     panels = [(k, t) for k, t in (("passkey", "passkey"), ("mqar", "MQAR"), ("mixed", "mixed task"),
                                   ("loss", "held-out loss by position (nats)")) if k in curves]
@@ -141,7 +142,7 @@ def write_svg(path, curves):
         svg.append(f'<text x="{ox + W / 2}" y="{oy + 18}" text-anchor="middle" font-size="13">{title}</text>')
         svg.append(f'<line x1="{ox + P}" y1="{oy + H - P}" x2="{ox + W - P}" y2="{oy + H - P}" stroke="black"/>')
         svg.append(f'<line x1="{ox + P}" y1="{oy + P}" x2="{ox + P}" y2="{oy + H - P}" stroke="black"/>')
-        for v in sorted(set(curves[key][0][1])) if key != "loss" else []:
+        for v in sorted(set(xs)) if key != "loss" else []:
             svg.append(f'<text x="{px(v):.1f}" y="{oy + H - P + 14}" text-anchor="middle">{fmt_len(v)}</text>')
         if key == "loss":
             for v in (min(xs), max(xs)):
@@ -150,9 +151,10 @@ def write_svg(path, curves):
             svg.append(f'<text x="{ox + P - 4}" y="{py(v) + 4:.1f}" text-anchor="end">{v:.2f}</text>')
         svg.append(f'<text x="{ox + W / 2}" y="{oy + H - 14}" text-anchor="middle">tokens (log scale)</text>')
         for i, (r, L, a) in enumerate(curves[key]):
+            colour = COLORS[runs.index(r) % len(COLORS)]
             pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(L, a))
-            svg.append(f'<polyline points="{pts}" fill="none" stroke="{COLORS[i % len(COLORS)]}" stroke-width="2"/>')
-            svg.append(f'<text x="{ox + W - P + 2}" y="{oy + P + 12 * i}" fill="{COLORS[i % len(COLORS)]}" '
+            svg.append(f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="2"/>')
+            svg.append(f'<text x="{ox + W - P + 2}" y="{oy + P + 12 * i}" fill="{colour}" '
                        f'text-anchor="end">{r}</text>')
     svg.append("</svg>")
     with open(path, "w") as f:
