@@ -4,12 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "infer/slot_wait.h"
 #include "model/k3_model.h"
 #include "model/param_specs.h"
 
@@ -21,10 +21,6 @@ constexpr uint64_t kAlign = 4096;  // O_DIRECT granularity; also used buffered (
 
 uint64_t align_down(uint64_t x, uint64_t a) { return x / a * a; }
 uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 uint64_t elem_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
 
@@ -230,9 +226,7 @@ bool HeadStreamer::start_read_locked(int64_t block, bool ahead, int64_t from, in
   s.error.clear();
   s.ahead = ahead;
   s.last_use = ++tick_;
-  queue_.push_back(best);
-  ++reading_;
-  cv_io_.notify_one();
+  queue_slot_read_locked(best, queue_, reading_, cv_io_);
   return true;
 }
 
@@ -270,29 +264,7 @@ Mat HeadStreamer::acquire_block(int64_t b) {
     cv_done_.wait(lk);  // every buffer is being read: wait for one
   }
   Buf& s = bufs_[size_t(i)];
-  if (s.state == Buf::Reading) {
-    const double t0 = now_s();
-    cv_done_.wait(lk, [&] { return s.state != Buf::Reading; });
-    st_.wait_seconds += now_s() - t0;
-  } else {
-    ++st_.block_hits;
-  }
-  if (!s.error.empty() && s.ahead) {  // a read ahead failed: read it once more, now
-    s.error.clear();
-    s.ahead = false;
-    s.state = Buf::Reading;
-    queue_.push_back(i);
-    ++reading_;
-    cv_io_.notify_one();
-    const double t0 = now_s();
-    cv_done_.wait(lk, [&] { return s.state != Buf::Reading; });
-    st_.wait_seconds += now_s() - t0;
-  }
-  if (!s.error.empty()) {
-    const std::string e = s.error;
-    s = Buf{};  // never served: the next acquire reads the block again
-    fail(e);
-  }
+  if (await_slot_locked(lk, s, i, queue_, reading_, cv_io_, cv_done_, &st_.wait_seconds)) ++st_.block_hits;
   ++s.pins;
   s.last_use = ++tick_;
   // The next blocks (or the next call's first) while this one computes, in the other buffers.

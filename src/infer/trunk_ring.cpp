@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -14,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "infer/direct_io.h"
+#include "infer/slot_wait.h"
 #include "model/k3_model.h"
 
 namespace k3 {
@@ -25,10 +25,6 @@ constexpr uint64_t kMaxGap = uint64_t(64) << 10;  // matrices closer than this a
 
 uint64_t align_down(uint64_t x, uint64_t a) { return x / a * a; }
 uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Bytes the loader holds for a trunk tensor that is not streamed: bf16 matrices as stored with
 // dense_as_stored (its bf16_held rule, model/checkpoint.cpp), everything else f32.
@@ -253,9 +249,7 @@ bool TrunkRing::start_read_locked(int64_t layer, bool ahead) {
   s.error.clear();
   s.bound = -1;
   s.ahead = ahead;
-  queue_.push_back(best);
-  ++reading_;
-  cv_io_.notify_one();
+  queue_slot_read_locked(best, queue_, reading_, cv_io_);
   return true;
 }
 
@@ -295,29 +289,7 @@ LayerWeights& TrunkRing::acquire(int64_t layer) {
     cv_done_.wait(lk);  // every slot is being read (a read started before an error): wait for one
   }
   Slot& s = slots_[size_t(slot)];
-  if (s.state == Slot::Reading) {
-    const double t0 = now_s();
-    cv_done_.wait(lk, [&] { return s.state != Slot::Reading; });
-    st_.wait_seconds += now_s() - t0;
-  } else {
-    ++st_.hits;
-  }
-  if (!s.error.empty() && s.ahead) {  // a read ahead failed: read it once more, now
-    s.error.clear();
-    s.ahead = false;
-    s.state = Slot::Reading;
-    queue_.push_back(slot);
-    ++reading_;
-    cv_io_.notify_one();
-    const double t0 = now_s();
-    cv_done_.wait(lk, [&] { return s.state != Slot::Reading; });
-    st_.wait_seconds += now_s() - t0;
-  }
-  if (!s.error.empty()) {
-    const std::string e = s.error;
-    s = Slot{};  // never served: the next acquire reads the layer again
-    fail(e);
-  }
+  if (await_slot_locked(lk, s, slot, queue_, reading_, cv_io_, cv_done_, &st_.wait_seconds)) ++st_.hits;
   ++s.pins;
   s.last_use = ++tick_;
   if (s.bound != layer) bind(slot);
