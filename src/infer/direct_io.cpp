@@ -17,7 +17,6 @@ namespace k3 {
 
 namespace {
 constexpr uint64_t kHuge = uint64_t(2) << 20;
-uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 }  // namespace
 
 void open_for_reads(const std::vector<std::string>& files, bool direct, bool require_direct, bool buffered_asked,

@@ -5,12 +5,23 @@
 #pragma once
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
 namespace k3 {
+
+// Offsets and sizes rounded to an alignment (O_DIRECT needs 4096-aligned offsets, lengths and
+// buffers).
+inline uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+inline uint64_t align_down(uint64_t x, uint64_t a) { return x / a * a; }
+
+// Monotonic seconds, for the streamers' read and wait times.
+inline double steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // fds[i] for files[i]: O_DIRECT when `direct` (all files, else none), buffered otherwise.
 // require_direct: a refused O_DIRECT is a k3::Error (--io direct). *direct_out: the mode

@@ -9,6 +9,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "infer/direct_io.h"
 #include "infer/slot_wait.h"
 #include "model/k3_model.h"
 #include "model/param_specs.h"
@@ -19,8 +20,6 @@ namespace {
 
 constexpr uint64_t kAlign = 4096;  // O_DIRECT granularity; also used buffered (same buffer layout)
 
-uint64_t align_down(uint64_t x, uint64_t a) { return x / a * a; }
-uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 uint64_t elem_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
 

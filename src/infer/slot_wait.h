@@ -4,7 +4,6 @@
 // of slots for their one I/O thread, and report read failures only to the caller that needs
 // the slot. Called with the owner's mutex held through `lk`.
 #pragma once
-#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -12,12 +11,9 @@
 #include <string>
 
 #include "core/error.h"
+#include "infer/direct_io.h"
 
 namespace k3 {
-
-inline double steady_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Queues slot `index` for the I/O thread.
 inline void queue_slot_read_locked(int64_t index, std::deque<int64_t>& queue, int64_t& reading,

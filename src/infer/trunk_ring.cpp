@@ -23,8 +23,6 @@ namespace {
 constexpr uint64_t kAlign = 4096;              // O_DIRECT granularity; also used buffered (same slot layout)
 constexpr uint64_t kMaxGap = uint64_t(64) << 10;  // matrices closer than this are one read
 
-uint64_t align_down(uint64_t x, uint64_t a) { return x / a * a; }
-uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 // Bytes the loader holds for a trunk tensor that is not streamed: bf16 matrices as stored with
 // dense_as_stored (its bf16_held rule, model/checkpoint.cpp), everything else f32.

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -27,12 +26,6 @@ constexpr uint64_t kDirectAlign = 4096;
 // Tensors of one expert closer than this in the file are read as one run (the gap is read too).
 constexpr uint64_t kMaxGap = uint64_t(64) << 10;
 
-uint64_t align_down(uint64_t x, uint64_t a) { return x / a * a; }
-uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::string gb(double b) {
   char buf[32];
@@ -306,9 +299,9 @@ ExpertGroup ExpertStreamer::next() {
   if (ready_.empty() && outstanding_ == 0 && pending_.empty() && error_.empty()) return {};
   const size_t target = size_t(std::min<int64_t>(group_target_, int64_t(ready_.size()) + outstanding_));
   if (ready_.size() < std::max<size_t>(target, 1) && error_.empty()) {
-    const double t0 = now_s();
+    const double t0 = steady_seconds();
     cv_done_.wait(lk, [&] { return !error_.empty() || ready_.size() >= std::max<size_t>(target, 1); });
-    st_.wait_seconds += now_s() - t0;
+    st_.wait_seconds += steady_seconds() - t0;
   }
   if (!error_.empty()) {
     const std::string e = error_;
@@ -392,14 +385,14 @@ double probe_read_bandwidth(const std::string& path, uint64_t bytes, std::string
     ::close(fd);
     fail("probe_read_bandwidth: out of memory");
   }
-  const double t0 = now_s();
+  const double t0 = steady_seconds();
   uint64_t done = 0;
   while (done < bytes) {
     const ssize_t n = ::pread(fd, buf, size_t(std::min(block, align_up(bytes - done, kDirectAlign))), off_t(start + done));
     if (n <= 0) break;
     done += uint64_t(n);
   }
-  const double dt = now_s() - t0;
+  const double dt = steady_seconds() - t0;
   std::free(buf);
   ::close(fd);
   if (how) {
