@@ -6,12 +6,17 @@
 //   kernel/gemv_bf16     the same W held bf16 (32 MB), widened in registers
 //   kernel/mxfp4_linear  y = W x, W MXFP4 [2048, 4096] (4.25 MB, cache-warm), 1 and 4 rows of x:
 //                        G weights/s (decode of an expert is compute-bound, not memory-bound)
+//   kernel/moe_decode    the routed experts of one decode step (kernels/moe.h), mid-1024 shapes:
+//                        896 MXFP4 experts [256, 512] / [512, 256] (187 MB: from memory, as in
+//                        decode), T tokens x top-16 fresh random routing per iteration:
+//                        G weight-rows/s (weights x rows multiplied) and GFLOP/s
 //   kernel/situ          SiTU forward over 1M values: G values/s
 //   kernel/mm_f32        the KDA tile product 64 x 64 x 128 (L1-resident): GFLOP/s
 //   machine/fma_peak     the dispatched target's FMA peak, one thread (the ceiling of mm_f32)
 // The first line names the CPU and the target (bench/machine_peak.h).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -24,6 +29,7 @@
 #include "kernels/gemv.h"
 #include "kernels/machine_probe.h"
 #include "kernels/matmul_bf16.h"
+#include "kernels/moe.h"
 #include "kernels/mxfp4_linear.h"
 #include "kernels/situ_simd.h"
 #include "kernels/small_matmul.h"
@@ -101,6 +107,56 @@ void BM_Mxfp4Dequantize(benchmark::State& st) {
   st.SetLabel(simd_target().name + " x" + std::to_string(dispatched_f32_lanes()));
 }
 
+// The routed-expert part of a decode step of T sequences (mid-1024: latent 512, expert width
+// 256, 896 experts, top-16): weights random bytes (scales 2^-8 .. 2^-1), so every matrix is
+// read from memory as in the engine; each iteration routes the T tokens afresh.
+void BM_MoeDecode(benchmark::State& st) {
+  const int64_t T = st.range(0), E = st.range(1), k = 16, n_in = 512, F = 256;
+  std::mt19937 rng(12);
+  auto random_mx = [&](int64_t rows, int64_t cols) {
+    Tensor p = Tensor::empty(DType::U8, {rows, cols / 2}), s = Tensor::empty(DType::U8, {rows, cols / 32});
+    for (int64_t i = 0; i < rows * cols / 2; ++i) p.data<uint8_t>()[i] = uint8_t(rng());
+    for (int64_t i = 0; i < rows * cols / 32; ++i) s.data<uint8_t>()[i] = uint8_t(119 + rng() % 8);
+    return Mxfp4Matrix::from(p, s, "bench");
+  };
+  static std::vector<Mxfp4Matrix> mats;  // built once for every T
+  if (int64_t(mats.size()) < 3 * E)
+    for (int64_t e = int64_t(mats.size()) / 3; e < E; ++e) {
+      mats.push_back(random_mx(F, n_in));
+      mats.push_back(random_mx(F, n_in));
+      mats.push_back(random_mx(n_in, F));
+    }
+  std::vector<ExpertMatrix> w1(E), w3(E), w2(E);
+  for (int64_t e = 0; e < E; ++e) {
+    w1[e] = {nullptr, &mats[3 * e], F, n_in};
+    w3[e] = {nullptr, &mats[3 * e + 1], F, n_in};
+    w2[e] = {nullptr, &mats[3 * e + 2], n_in, F};
+  }
+  const std::vector<float> z = random_floats(T * n_in, 13);
+  std::vector<float> u(size_t(T * n_in)), wts(size_t(T * k), 1.f / float(k));
+  std::vector<int32_t> idx(size_t(T * k));
+  MoEExpertScratch scratch;
+  for (auto _ : st) {
+    st.PauseTiming();
+    for (int64_t t = 0; t < T; ++t) {  // k distinct experts per token
+      std::vector<int32_t> pick;
+      while (int64_t(pick.size()) < k) {
+        const int32_t e = int32_t(rng() % uint32_t(E));
+        if (std::find(pick.begin(), pick.end(), e) == pick.end()) pick.push_back(e);
+      }
+      std::copy(pick.begin(), pick.end(), idx.begin() + t * k);
+    }
+    st.ResumeTiming();
+    moe_experts_forward(u.data(), z.data(), idx.data(), wts.data(), w1.data(), w3.data(), w2.data(), T, n_in, F, E, k,
+                        4.0, 25.0, scratch);
+    benchmark::DoNotOptimize(u.data());
+  }
+  const double wr = double(T * k * 3 * F * n_in);  // weight-rows multiplied
+  st.counters["Gweight-rows/s"] = benchmark::Counter(wr, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["GFLOP/s"] = benchmark::Counter(2 * wr, benchmark::Counter::kIsIterationInvariantRate);
+  st.SetLabel(simd_target().name + " x" + std::to_string(dispatched_f32_lanes()));
+}
+
 void BM_Situ(benchmark::State& st) {
   const int64_t n = 1 << 20;
   const std::vector<float> g = random_floats(n, 5), u = random_floats(n, 6);
@@ -163,6 +219,7 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("kernel/mxfp4_linear", BM_Mxfp4Linear)->Arg(1)->Arg(4)->ArgName("rows")->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("kernel/expert_prefill", BM_ExpertPrefill)->Arg(37)->Arg(16)->ArgName("n")->UseRealTime();
   benchmark::RegisterBenchmark("kernel/mxfp4_dequantize", BM_Mxfp4Dequantize)->UseRealTime();
+  benchmark::RegisterBenchmark("kernel/moe_decode", BM_MoeDecode)->Args({1, 896})->Args({8, 896})->Args({1, 16})->ArgNames({"T", "E"})->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("kernel/situ", BM_Situ)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("kernel/mm_f32", BM_MmF32)->UseRealTime();
   benchmark::RegisterBenchmark("machine/fma_peak_1thread", BM_FmaOneThread)->UseRealTime()->Unit(benchmark::kMillisecond);

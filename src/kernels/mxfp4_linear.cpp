@@ -76,8 +76,8 @@ HWY_INLINE void decode_chunk(DF d, const uint8_t* p, const Lut& lut, VF* even, V
 
 constexpr int64_t kPrefetchRows = 16;
 
-#if HWY_TARGET != HWY_SCALAR
-// Fused product, SIMD targets. Per group of 32 weights: the 16 packed bytes are split into low
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+// Fused product, AVX-512. Per group of 32 weights: the 16 packed bytes are split into low
 // and high nibbles and looked up in a 16-byte table of 2x the E2M1 values (exact int8: 0, 1,
 // 2, 3, 4, 6, 8, 12 and their negatives; one byte shuffle per 16 weights), widened int8 ->
 // int32 -> f32 in L-lane pieces and multiplied into per-group sums; each group's sum is then
@@ -150,54 +150,6 @@ HWY_INLINE void rows_block(float* y, int64_t ldy, const float* xs, const uint8_t
     }
 }
 
-#if HWY_TARGET == HWY_AVX2
-// AVX2 (F16C) decode for one x row, the decode step's case: an E2M1 value is exactly an fp16
-// whose low byte is 0, so one byte shuffle gives the high bytes of 16 fp16 weights, a byte
-// interleave with zeros makes them fp16 words, and vcvtph2ps widens 8 at once (no int8 ->
-// int32 -> float chain, and -0 stays -0): 10.3 against 8.2 G weights/s for the int8 path on
-// Zen 2, one thread (bench_kernels kernel/mxfp4_linear/rows:1).
-alignas(16) constexpr uint8_t kE2M1F16Hi[16] = {0x00, 0x38, 0x3C, 0x3E, 0x40, 0x42, 0x44, 0x46,
-                                                0x80, 0xB8, 0xBC, 0xBE, 0xC0, 0xC2, 0xC4, 0xC6};
-
-template <int RB>
-HWY_INLINE void rows_block_f16(float* y, const float* xs, const uint8_t* packed, const uint8_t* scales, int64_t r0,
-                               int64_t in, bool accumulate) {
-  const DF d;
-  const hn::Full128<uint8_t> du8;
-  const hn::Full128<hwy::float16_t> df16;
-  const int64_t G = in / 32, row_bytes = in / 2;
-  const auto nib = hn::Set(du8, 0x0F);
-  const auto zero = hn::Zero(du8);
-  const auto lut = hn::LoadU(du8, kE2M1F16Hi);
-  VF acc[RB];
-  for (int r = 0; r < RB; ++r) acc[r] = hn::Zero(d);
-  const uint8_t* ahead = packed + (r0 + kPrefetchRows) * row_bytes;
-  for (int64_t g = 0; g < G; ++g) {
-    if (g % 4 == 0)
-      for (int r = 0; r < RB; ++r) hwy::Prefetch(ahead + r * row_bytes + g * 16);
-    const VF xe0 = hn::LoadU(d, xs + g * 32), xe1 = hn::LoadU(d, xs + g * 32 + 8);
-    const VF xo0 = hn::LoadU(d, xs + g * 32 + 16), xo1 = hn::LoadU(d, xs + g * 32 + 24);
-    for (int r = 0; r < RB; ++r) {
-      const auto b = hn::LoadU(du8, packed + (r0 + r) * row_bytes + g * 16);
-      const auto he = hn::TableLookupBytes(lut, hn::And(b, nib));
-      const auto ho = hn::TableLookupBytes(lut, hn::And(hn::ShiftRight<4>(b), nib));
-      const VF e0 = hn::PromoteTo(d, hn::BitCast(df16, hn::InterleaveLower(du8, zero, he)));
-      const VF e1 = hn::PromoteTo(d, hn::BitCast(df16, hn::InterleaveUpper(du8, zero, he)));
-      const VF o0 = hn::PromoteTo(d, hn::BitCast(df16, hn::InterleaveLower(du8, zero, ho)));
-      const VF o1 = hn::PromoteTo(d, hn::BitCast(df16, hn::InterleaveUpper(du8, zero, ho)));
-      const VF ge = hn::MulAdd(e1, xe1, hn::Mul(e0, xe0));
-      const VF go = hn::MulAdd(o1, xo1, hn::Mul(o0, xo0));
-      acc[r] = hn::MulAdd(hn::Add(ge, go), hn::Set(d, e8m0_to_f32(scales[(r0 + r) * G + g])), acc[r]);
-    }
-  }
-  for (int r = 0; r < RB; ++r) {
-    const float v = HSum(d, acc[r]);
-    float& dst = y[r0 + r];
-    dst = accumulate ? dst + v : v;
-  }
-}
-#endif
-
 template <int NT>
 void all_rows(float* y, int64_t ldy, const float* xs, const uint8_t* packed, const uint8_t* scales, int64_t in,
               int64_t out, bool accumulate) {
@@ -205,13 +157,6 @@ void all_rows(float* y, int64_t ldy, const float* xs, const uint8_t* packed, con
   constexpr int RB = kVecRegs == 32 ? (NT <= 2 ? 4 : NT == 3 ? 3 : 2) : (NT == 1 ? 4 : NT == 2 ? 2 : 1);
   constexpr bool kSplit = NT == 1;
   int64_t r = 0;
-#if HWY_TARGET == HWY_AVX2
-  if constexpr (NT == 1) {
-    for (; r + 4 <= out; r += 4) rows_block_f16<4>(y, xs, packed, scales, r, in, accumulate);
-    for (; r < out; ++r) rows_block_f16<1>(y, xs, packed, scales, r, in, accumulate);
-    return;
-  }
-#endif
   for (; r + RB <= out; r += RB) rows_block<RB, NT, kSplit>(y, ldy, xs, packed, scales, r, in, accumulate);
   for (; r < out; ++r) rows_block<1, NT, kSplit>(y, ldy, xs, packed, scales, r, in, accumulate);
 }
@@ -223,6 +168,143 @@ void split_even_odd(float* xs, const float* x, int64_t nt, int64_t in, int64_t /
       xs[i + j] = x[i + 2 * j];
       xs[i + 16 + j] = x[i + 2 * j + 1];
     }
+}
+
+#elif HWY_TARGET != HWY_SCALAR
+// Fused product, 128- and 256-bit targets (SSE4, AVX2, NEON). An E2M1 value is an f32 whose
+// low two bytes are 0 (0.5 = 0x3F000000 ... 6 = 0x40C00000, code 8 = -0), so two byte
+// shuffles of the codes (tables of the f32's bytes 3 and 2) and one byte interleave give two
+// weights per 32-bit word; a shift by 16 and a mask make them f32 lanes, with no int -> float
+// or half -> float conversion (the bottleneck of the earlier F16C and int8 decodes: 10.3 and
+// 8.2 G weights/s, one Zen 2 core). The lanes come out permuted; x is permuted to match once
+// per call (split_x). The group's sum is scaled by 2^(s-127), the scales converted L at a time.
+alignas(16) constexpr uint8_t kE2M1Byte3[16] = {0x00, 0x3F, 0x3F, 0x3F, 0x40, 0x40, 0x40, 0x40,
+                                                0x80, 0xBF, 0xBF, 0xBF, 0xC0, 0xC0, 0xC0, 0xC0};
+alignas(16) constexpr uint8_t kE2M1Byte2[16] = {0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0,
+                                                0x00, 0x00, 0x80, 0xC0, 0x00, 0x40, 0x80, 0xC0};
+alignas(32) constexpr uint32_t kBlockShift[8] = {0, 0, 0, 0, 4, 4, 4, 4};
+
+using DB = hn::Repartition<uint8_t, DF>;  // the vector as bytes
+using DW = hn::Repartition<uint16_t, DF>;
+using DU = hn::RebindToUnsigned<DF>;
+constexpr int64_t kBlocks = int64_t(hn::MaxLanes(DB())) / 16;  // 128-bit blocks: 1, or 2 on AVX2
+constexpr int64_t kLanes = int64_t(hn::MaxLanes(DF()));
+constexpr int kGroupVecs = int(32 / kLanes);  // f32 vectors per 32-weight group
+static_assert(kBlocks == 1 || kBlocks == 2, "byte-table decode: 128- or 256-bit vectors");
+
+struct GroupDecoder {
+  hn::Vec<DB> b3, b2, nib;
+  hn::Vec<DU> hi, shift;
+  GroupDecoder()
+      : b3(hn::LoadDup128(DB(), kE2M1Byte3)),
+        b2(hn::LoadDup128(DB(), kE2M1Byte2)),
+        nib(hn::Set(DB(), 0x0F)),
+        hi(hn::Set(DU(), 0xFFFF0000u)),
+        shift(hn::LoadU(DU(), kBlockShift)) {}
+  // 16-byte blocks of codes (0..15) -> 4 f32 vectors: per block, lane i of vector 2h + s holds
+  // the code of byte 8h + 2i + s.
+  HWY_INLINE void expand(hn::Vec<DB> idx, VF* f) const {
+    const DB db;
+    const DU du;
+    const auto a = hn::TableLookupBytes(b3, idx), b = hn::TableLookupBytes(b2, idx);
+    const auto lo = hn::BitCast(du, hn::InterleaveLower(db, b, a)), up = hn::BitCast(du, hn::InterleaveUpper(db, b, a));
+    f[0] = hn::BitCast(DF(), hn::ShiftLeft<16>(lo));
+    f[1] = hn::BitCast(DF(), hn::And(lo, hi));
+    f[2] = hn::BitCast(DF(), hn::ShiftLeft<16>(up));
+    f[3] = hn::BitCast(DF(), hn::And(up, hi));
+  }
+  // The 32 weights of the group at p (16 bytes), unscaled, in split_x's order: block q of
+  // the codes holds the low (q = 0) or high (q = 1) nibbles.
+  HWY_INLINE void decode(const uint8_t* HWY_RESTRICT p, VF* f) const {
+    const DB db;
+    if constexpr (kBlocks == 2) {
+      const auto b = hn::BitCast(DU(), hn::LoadDup128(db, p));
+      expand(hn::And(hn::BitCast(db, b >> shift), nib), f);
+    } else {
+      const auto b = hn::LoadU(db, p);
+      expand(hn::And(b, nib), f);
+      expand(hn::And(hn::BitCast(db, hn::ShiftRight<4>(hn::BitCast(DW(), b))), nib), f + 4);
+    }
+  }
+};
+
+// sc [n] = 2^(s-127) of the scales s [n] (e8m0_to_f32: 0 is 2^-127, 255 NaN), L at a time.
+HWY_INLINE void scales_to_f32(float* HWY_RESTRICT sc, const uint8_t* HWY_RESTRICT s, int64_t n) {
+  if (n == kLanes) {
+    const DU du;
+    const auto u = hn::PromoteTo(du, hn::LoadU(hn::Rebind<uint8_t, DU>(), s));
+    auto bits = hn::IfThenElse(hn::Eq(u, hn::Zero(du)), hn::Set(du, 0x00400000u), hn::ShiftLeft<23>(u));
+    bits = hn::IfThenElse(hn::Eq(u, hn::Set(du, 255u)), hn::Set(du, 0x7FC00000u), bits);
+    hn::Store(hn::BitCast(DF(), bits), DF(), sc);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) sc[i] = e8m0_to_f32(s[i]);
+}
+
+// RB weight rows [r0, r0 + RB) against NT permuted rows of x; each row's group is decoded
+// once for all NT rows, and the sum order of an output does not depend on NT.
+template <int RB, int NT>
+HWY_INLINE void rows_block(float* y, int64_t ldy, const float* xs, const uint8_t* packed, const uint8_t* scales,
+                           int64_t r0, int64_t in, bool accumulate) {
+  const DF d;
+  const int64_t G = in / 32, row_bytes = in / 2;
+  const GroupDecoder dec;
+  VF acc[RB][NT];
+  for (int r = 0; r < RB; ++r)
+    for (int t = 0; t < NT; ++t) acc[r][t] = hn::Zero(d);
+  HWY_ALIGN float sc[RB][kLanes];
+  const uint8_t* ahead = packed + (r0 + kPrefetchRows) * row_bytes;
+  for (int64_t g0 = 0; g0 < G; g0 += kLanes) {
+    const int64_t ng = std::min(kLanes, G - g0);
+    for (int r = 0; r < RB; ++r) scales_to_f32(sc[r], scales + (r0 + r) * G + g0, ng);
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      const int64_t g = g0 + gi;
+      if (g % 4 == 0)  // one 64-byte line per row every 4 groups
+        for (int r = 0; r < RB; ++r) hwy::Prefetch(ahead + r * row_bytes + g * 16);
+      for (int r = 0; r < RB; ++r) {
+        VF f[kGroupVecs];
+        dec.decode(packed + (r0 + r) * row_bytes + g * 16, f);
+        for (int t = 0; t < NT; ++t) {
+          const float* xg = xs + t * in + g * 32;
+          VF s0 = hn::Mul(f[0], hn::LoadU(d, xg)), s1 = hn::Mul(f[1], hn::LoadU(d, xg + kLanes));
+          for (int v = 2; v < kGroupVecs; v += 2) {
+            s0 = hn::MulAdd(f[v], hn::LoadU(d, xg + v * kLanes), s0);
+            s1 = hn::MulAdd(f[v + 1], hn::LoadU(d, xg + (v + 1) * kLanes), s1);
+          }
+          acc[r][t] = hn::MulAdd(hn::Add(s0, s1), hn::Set(d, sc[r][gi]), acc[r][t]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int t = 0; t < NT; ++t) {
+      const float v = HSum(d, acc[r][t]);
+      float& dst = y[t * ldy + r0 + r];
+      dst = accumulate ? dst + v : v;
+    }
+}
+
+template <int NT>
+void all_rows(float* y, int64_t ldy, const float* xs, const uint8_t* packed, const uint8_t* scales, int64_t in,
+              int64_t out, bool accumulate) {
+  // Accumulators, the decoded group and the tables within 16 registers.
+  constexpr int RB = NT == 1 ? 4 : NT == 2 ? 2 : 1;
+  int64_t r = 0;
+  for (; r + RB <= out; r += RB) rows_block<RB, NT>(y, ldy, xs, packed, scales, r, in, accumulate);
+  for (; r < out; ++r) rows_block<1, NT>(y, ldy, xs, packed, scales, r, in, accumulate);
+}
+
+// x rows [nt, in] -> xs [nt, in] in GroupDecoder's order: lane 4 beta + i of vector
+// 4n + 2h + s of a group holds its element 2 (8h + 2i + s) + (n kBlocks + beta).
+void split_even_odd(float* xs, const float* x, int64_t nt, int64_t in, int64_t /*L*/) {
+  int perm[32];
+  for (int v = 0; v < kGroupVecs; ++v)
+    for (int l = 0; l < kLanes; ++l) {
+      const int n = v / 4, h = (v >> 1) & 1, s = v & 1, beta = l / 4, i = l % 4;
+      perm[v * kLanes + l] = 2 * (8 * h + 2 * i + s) + n * int(kBlocks) + beta;
+    }
+  for (int64_t i = 0; i < nt * in; i += 32)
+    for (int j = 0; j < 32; ++j) xs[i + j] = x[i + perm[j]];
 }
 
 #else  // HWY_SCALAR: one lane; the float table decode

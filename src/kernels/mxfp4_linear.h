@@ -5,15 +5,16 @@
 // mxfp4_linear: y[rows, out] = x[rows, in] W^T (like `linear`, kernels/gemm.h), the nibbles
 // decoded inside the dot product: no dequantised copy of W is written, so a product with a
 // few rows (decode: one token per expert) reads W's 4.25 bits per weight once. Per SIMD
-// target (Highway): L nibble bytes widen to L dwords, then the E2M1 value is looked up in a
-// table already scaled by the group's 2^(s-127) (exact: a power of two): the whole signed
-// 16-entry table in one permute on AVX-512, the 8 magnitudes in one vpermps plus the sign bit
-// on AVX2, and built from the code's bits (exponent and mantissa fields) on SSE4 and the
-// baseline. x is split once into the even and odd elements of each 2L-chunk so the low and
-// high nibbles meet their inputs without shuffles. Rows of x go in blocks of up to 4 against
-// a few weight rows at a time, and the weight rows 16 ahead are prefetched (an expert matrix
-// is too short for the hardware prefetcher to ramp up). Meant for few rows; for many rows
-// dequantise once (mxfp4_dequantize) and use a gemm.
+// target (Highway): on SSE4, AVX2 and NEON two byte shuffles of the 4-bit codes give the two
+// high bytes of each weight's f32 (an E2M1 value is an f32 whose low 16 bits are 0), and a
+// byte interleave, a shift and a mask make f32 lanes, no conversion instruction (x permuted
+// once per call to meet the lanes' order); on AVX-512 the codes widen to int8 through a byte
+// table; on the scalar baseline the value is built from the code's bits. Each group's sum is
+// scaled once by 2^(s-127) (exact: a power of two). Rows of x go in blocks of up to 4, each
+// weight row decoded once for the block, against a few weight rows at a time, and the weight
+// rows 16 ahead are prefetched (an expert matrix is too short for the hardware prefetcher to
+// ramp up). Meant for few rows; for many rows dequantise once (mxfp4_dequantize) and use a
+// gemm.
 // Reference: the row decoded by mxfp4_decode_row (core/dtype.h), dot products in double.
 //
 // mxfp4_dequantize: dst [rows, cols] f32, bit-identical to mxfp4_decode_row per row

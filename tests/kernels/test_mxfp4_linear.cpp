@@ -35,8 +35,11 @@ Mxfp4Matrix quantized(int64_t rows, int64_t cols, uint32_t seed) {
 }  // namespace
 
 TEST(Mxfp4Linear, MatchesReferenceForEveryBlockShape) {
-  const int64_t in = 96, out = 11;  // three 32-groups; 11 rows = two 4-row blocks + 3
-  const Mxfp4Matrix W = quantized(out, in, 1);
+  // 11 rows = two 4-row blocks + 3; 3 groups (fewer than a vector of scales) and 18 (whole
+  // vectors of scales and a remainder on every target).
+  for (const int64_t in : {96, 576}) {
+  const int64_t out = 11;
+  const Mxfp4Matrix W = quantized(out, in, uint32_t(in));
   const uint8_t* p = W.packed.data<uint8_t>();
   const uint8_t* s = W.scales.data<uint8_t>();
   for (int64_t rows : {1, 2, 3, 4, 5, 7, 9}) {
@@ -51,6 +54,7 @@ TEST(Mxfp4Linear, MatchesReferenceForEveryBlockShape) {
     mxfp4_linear(y.data(), x.data(), p, s, rows, in, out, ldy, /*accumulate=*/true);
     mxfp4_linear_reference<float>(ref.data(), x.data(), p, s, rows, in, out, ldy, /*accumulate=*/true);
     test::expect_close(y.data(), ref.data(), rows * ldy, 1e-6, 1e-5, "accumulate, rows " + std::to_string(rows));
+  }
   }
 }
 
@@ -71,13 +75,16 @@ TEST(Mxfp4Linear, ReferenceEqualsDequantisedProduct) {
 }
 
 TEST(Mxfp4Dequantize, BitIdenticalToDecodeRowIncludingEdgeScales) {
-  const int64_t rows = 5, cols = 96;
+  const int64_t rows = 5, cols = 288;  // 9 groups: the fused product converts whole vectors of scales and a remainder
   Mxfp4Matrix W = quantized(rows, cols, 4);
   uint8_t* s = W.scales.data<uint8_t>();
   s[0] = 0;    // 2^-127, subnormal
   s[1] = 255;  // NaN
   s[2] = 254;  // 2^127
   s[4] = 1;
+  s[9 + 8] = 0;  // row 1, group 8 (the remainder after a vector of 8 scales)
+  s[2 * 9 + 7] = 140;
+  s[3 * 9 + 5] = 0;
   std::vector<float> fast(rows * cols), ref(rows * cols);
   mxfp4_dequantize(fast.data(), W.packed.data<uint8_t>(), s, rows, cols);
   mxfp4_dequantize_reference<float>(ref.data(), W.packed.data<uint8_t>(), s, rows, cols);
@@ -85,7 +92,7 @@ TEST(Mxfp4Dequantize, BitIdenticalToDecodeRowIncludingEdgeScales) {
   int nan = 0;
   for (int64_t c = 32; c < 64; ++c) nan += std::isnan(fast[c]);
   EXPECT_EQ(nan, 32);  // group 1 of row 0 has the NaN scale
-  // The same edge scales through the fused product: a NaN group poisons only its own rows.
+  // The same edge scales through the fused product: a NaN group poisons only its own row.
   const std::vector<float> x = normal(cols, 5);
   std::vector<float> y(rows), yr(rows);
   mxfp4_linear(y.data(), x.data(), W.packed.data<uint8_t>(), s, 1, cols, rows, rows);
