@@ -4,6 +4,8 @@
 // target against the baseline:
 //   kernel/gemv_f32      y = W x, W f32 [4096, 4096] (64 MB, streamed from memory): GB/s, GFLOP/s
 //   kernel/gemv_bf16     the same W held bf16 (32 MB), widened in registers
+//   kernel/gemm_rows_bf16 Y = X W^T, W bf16 [16384, 1024] (32 MB, from memory), X 8 rows: the
+//                        dense products of a decode step of 8 sequences (compute-bound): GFLOP/s
 //   kernel/mxfp4_linear  y = W x, W MXFP4 [2048, 4096] (4.25 MB, cache-warm), 1 and 4 rows of x:
 //                        G weights/s (decode of an expert is compute-bound, not memory-bound)
 //   kernel/moe_decode    the routed experts of one decode step (kernels/moe.h), mid-1024 shapes:
@@ -72,6 +74,20 @@ void BM_GemvBf16(benchmark::State& st) {
   }
   st.counters["GB/s"] = benchmark::Counter(2.0 * N * K, benchmark::Counter::kIsIterationInvariantRate);
   st.counters["GFLOP/s"] = benchmark::Counter(2.0 * N * K, benchmark::Counter::kIsIterationInvariantRate);
+  st.SetLabel(simd_target().name + " x" + std::to_string(dispatched_f32_lanes()));
+}
+
+void BM_GemmRowsBf16(benchmark::State& st) {
+  const int64_t M = st.range(0), N = 16384, K = 1024;
+  const std::vector<float> Wf = random_floats(N * K, 1), x = random_floats(M * K, 2);
+  std::vector<uint16_t> W(Wf.size());
+  for (size_t i = 0; i < W.size(); ++i) W[i] = f32_to_bf16(Wf[i]);
+  std::vector<float> y(size_t(M * N));
+  for (auto _ : st) {
+    gemm_few_rows_bf16(false, true, M, N, K, 1.f, x.data(), K, W.data(), K, 0.f, y.data(), N);
+    benchmark::DoNotOptimize(y.data());
+  }
+  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * M * N * K, benchmark::Counter::kIsIterationInvariantRate);
   st.SetLabel(simd_target().name + " x" + std::to_string(dispatched_f32_lanes()));
 }
 
@@ -216,6 +232,7 @@ int main(int argc, char** argv) {
   set_num_threads(1);  // one core: per-target kernel speed, not thread scaling
   benchmark::RegisterBenchmark("kernel/gemv_f32", BM_GemvF32)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("kernel/gemv_bf16", BM_GemvBf16)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("kernel/gemm_rows_bf16", BM_GemmRowsBf16)->Arg(8)->ArgName("M")->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("kernel/mxfp4_linear", BM_Mxfp4Linear)->Arg(1)->Arg(4)->ArgName("rows")->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("kernel/expert_prefill", BM_ExpertPrefill)->Arg(37)->Arg(16)->ArgName("n")->UseRealTime();
   benchmark::RegisterBenchmark("kernel/mxfp4_dequantize", BM_Mxfp4Dequantize)->UseRealTime();
