@@ -62,7 +62,7 @@ nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, cons
       t.answer = it.problem.answer();
       t.effort = it.effort;
       t.tool = it.tool;
-      t.budget = o.budget(it.effort);
+      t.budget = o.budget(it.effort, it.tool);
       ts.push_back(std::move(t));
     }
     if (int64_t(ts.size()) >= o.batch) flush();

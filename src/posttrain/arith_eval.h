@@ -18,7 +18,7 @@ namespace k3 {
 
 struct ArithEvalOptions {
   int64_t samples = 8;  // k
-  std::function<int64_t(chat::Effort)> budget;
+  std::function<int64_t(chat::Effort, bool tool)> budget;
   int max_tool_rounds = 2;
   uint64_t seed = 12345;
   int64_t batch = 32;   // trajectories decoded together
