@@ -159,6 +159,7 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
     eo.max_tool_rounds = c.max_tool_rounds;
     const auto t0 = std::chrono::steady_clock::now();
     nlohmann::json r = evaluate_arith(model, vocab, *c.eval, eo);
+    r.erase("per_problem");  // metrics.jsonl keeps the buckets; `k3cpp rl --eval` prints it all
     r["type"] = "eval";
     r["step"] = at;
     r["seconds"] = seconds_since(t0);
