@@ -25,13 +25,20 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 SFT=$(cd "$SFT" && pwd)
 
-# Defaults chosen from measurements of the full run's SFT model (docs/post-training.md):
-# 3-digit addition at effort high / max has pass@1 0.375 / 0.594 (16 problems x 4 samples
-# each), so most groups of 8 have reward variance; low effort (no trace) is near 0 on it and
-# 2-digit multiplication is at 0.0-0.03 (groups dropped: no signal), so neither is trained.
+# Defaults chosen from measurements of the full run's SFT model (docs/post-training.md, "The
+# edge run"): 3-digit addition at effort high / max has pass@1 0.375 / 0.594 (16 problems x 4
+# samples each), so most groups of 8 have reward variance (68-74 % kept); low effort (no
+# trace) is near 0 on it and 2-digit multiplication is at 0.0-0.03 (groups dropped: no
+# signal), so neither is trained. lr: 1e-3 collapsed the policy within 4 steps (share correct
+# 0.56 -> 0.06), 1e-4 moved held-out pass@1 by +0.016 in 20 steps, 3e-4 by +0.19 +- 0.06 in
+# 100 steps with the demo's high budget of 128 (but high effort then learnt max's 70-token
+# trace) and by +0.09 +- 0.04 with high's budget at 56 (1.6 x its 35-token trace: both
+# efforts gained and kept distinct lengths), hence high 56 here; 200 steps is twice the
+# rehearsed length, about 12 min at the rehearsal's undisturbed 3-4 s per step (noisy), and
+# RL_SECONDS caps it on a slower machine.
 case "$SCALE" in
-  edge)      D_G=8; D_PROMPTS=4; D_LR=1e-3; D_MAX=400; D_SECONDS=1320; D_CHUNK=10; D_PER_BAND=96; D_K=8
-             D_BUDGETS='{"low": 48, "high": 128, "max": 320}'; D_TOOL_BUDGETS='{"low": 112, "high": 192, "max": 384}'
+  edge)      D_G=8; D_PROMPTS=4; D_LR=3e-4; D_MAX=200; D_SECONDS=1320; D_CHUNK=10; D_PER_BAND=96; D_K=8
+             D_BUDGETS='{"low": 48, "high": 56, "max": 320}'; D_TOOL_BUDGETS='{"low": 112, "high": 192, "max": 384}'
              D_CHECK_PER_BAND=4; D_CHECK_K=2 ;;
   edge-tiny) D_G=2; D_PROMPTS=2; D_LR=1e-3; D_MAX=4; D_SECONDS=120; D_CHUNK=2; D_PER_BAND=2; D_K=2
              D_BUDGETS='{"low": 6, "high": 12, "max": 16}'; D_TOOL_BUDGETS='{"low": 8, "high": 14, "max": 18}'
@@ -39,7 +46,7 @@ case "$SCALE" in
   *) echo "posttrain_edge.sh: scale must be edge or edge-tiny, got '$SCALE'" >&2; exit 2 ;;
 esac
 BANDS=${BANDS:-'"3+"'}; EFFORTS=${EFFORTS:-'"high", "max"'}
-G=${G:-$D_G}; RL_PROMPTS=${RL_PROMPTS:-$D_PROMPTS}; LR=${LR:-$D_LR}; LAMBDA=${LAMBDA:-1.0}
+G=${G:-$D_G}; RL_PROMPTS=${RL_PROMPTS:-$D_PROMPTS}; LR=${LR:-$D_LR}; LR_END=${LR_END:-$LR}; LAMBDA=${LAMBDA:-1.0}
 RL_MAX_STEPS=${RL_MAX_STEPS:-$D_MAX}; RL_SECONDS=${RL_SECONDS:-$D_SECONDS}; CHUNK=${CHUNK:-$D_CHUNK}
 EVAL_PER_BAND=${EVAL_PER_BAND:-$D_PER_BAND}; EVAL_K=${EVAL_K:-$D_K}
 BUDGETS=${BUDGETS:-$D_BUDGETS}; TOOL_BUDGETS=${TOOL_BUDGETS:-$D_TOOL_BUDGETS}
@@ -55,7 +62,7 @@ cat > "$OUT/rl.json" <<JSON
           "seed": 977},
  "eval_every": 0, "eval_samples": $EVAL_K,
  "steps": $RL_MAX_STEPS, "prompts_per_step": $RL_PROMPTS, "group_size": $G, "budgets": $BUDGETS,
- "tool_budgets": $TOOL_BUDGETS, "lambda": $LAMBDA, "loss": "dapo", "lr": $LR, "warmup_steps": 5,
+ "tool_budgets": $TOOL_BUDGETS, "lambda": $LAMBDA, "loss": "dapo", "lr": $LR, "lr_end": $LR_END, "warmup_steps": 5,
  "optimizer": "adamw", "threads": $THREADS, "checkpoint_every": $CHUNK, "seed": 5}
 JSON
 # The budget check: low-effort answers with the calculator on four bands, under tool_budgets
