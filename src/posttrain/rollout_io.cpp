@@ -86,7 +86,8 @@ chat::Conversation conversation_of(const Json& j) {
   return c;
 }
 
-// The f32 arrays of a decode state, in file order.
+// The f32 arrays of a decode state, in file order (per layer: KDA S, conv q / k / v, MLA
+// c_kv, k_rope; a layer's arrays of the other mixer kind are empty).
 template <typename State>
 auto state_arrays(State& s) {
   std::vector<decltype(&s.layers[0].kda.S)> v;
@@ -111,8 +112,8 @@ void save_rollouts(const std::string& dir, const std::vector<Trajectory>& buffer
     // Only a trajectory that is mid-decode needs its state; a finished one waits for its group.
     if (t.started && !t.finished) {
       Json sizes = Json::array();
-      DecodeState& st = const_cast<DecodeState&>(t.state);  // read only; state_arrays is shared with load
-      for (std::vector<float>* a : state_arrays(st)) {
+      const DecodeState& st = t.state;
+      for (const std::vector<float>* a : state_arrays(st)) {
         sizes.push_back(a->size());
         bin.insert(bin.end(), a->begin(), a->end());
       }
