@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -82,12 +83,17 @@ int launcher_world_size() {
 // Ranks 1..R-1 of `serve --ep R`: load the model, then replay rank 0's engine steps until it
 // stops. SIGTERM and SIGINT (mpirun forwards them to every rank) stay blocked: rank 0 decides
 // when the group stops, after its drain.
-int serve_follower(const std::string& dir, const EngineOptions& eo, dist::Comm& comm, StepChannel& channel) {
+int serve_follower(const std::string& dir, const EngineOptions& eo, dist::Comm& comm, StepChannel& channel,
+                   const std::function<bool(int64_t)>& keep) {
   std::unique_ptr<InferenceModel> im;
   try {
     LoadOptions lo;
     lo.dense_as_stored = true;
-    lo.log = [](const std::string&) {};
+    lo.keep_expert = keep;
+    const int rank = comm.rank(), ranks = comm.size();
+    lo.log = [rank, ranks](const std::string& line) {  // rank 0 prints the load's other notices
+      if (line.rfind("released ", 0) == 0) std::fprintf(stderr, "k3cpp serve: rank %d of %d: %s\n", rank, ranks, line.c_str());
+    };
     im = std::make_unique<InferenceModel>(load_inference_model(open_model_dir(dir), lo));
   } catch (const std::exception& e) {
     comm.abort(std::string("serve: ") + e.what(), 1);
@@ -184,6 +190,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   std::unique_ptr<dist::Comm> comm;
   std::unique_ptr<dist::CommExpertExchange> exchange;
   std::unique_ptr<dist::CommStepChannel> channel;
+  std::function<bool(int64_t)> keep_expert;
   struct Unset {
     ~Unset() { set_expert_exchange(nullptr); }
   } unset;
@@ -199,12 +206,13 @@ int cmd_serve(const std::vector<std::string>& args) {
       set_num_threads(std::max(1, omp_get_num_procs() / rt->local_size()));
     else
       set_num_threads(int(a.get_int("threads", 0)));
-    const int64_t E = open_model_dir(dir).config.num_experts, per = E / ep;
+    const int64_t E = open_model_dir(dir).config.num_experts, per = E / ep, me = rt->rank();
+    keep_expert = [per, me](int64_t e) { return e / per == me; };  // only this rank's experts stay in memory
     std::fprintf(stderr, "k3cpp serve: rank %d of %lld (pid %d): %s; routed experts [%lld, %lld) of %lld per MoE layer\n",
                  rt->rank(), ep, int(::getpid()), rt->rank() == 0 ? "serves HTTP" : "follows rank 0",
                  (long long)(rt->rank() * per), (long long)((rt->rank() + 1) * per), (long long)E);
     if (rt->rank() != 0) {
-      const int rc = serve_follower(dir, eo, *comm, *channel);
+      const int rc = serve_follower(dir, eo, *comm, *channel, keep_expert);
       std::fprintf(stderr, "k3cpp serve: rank %d of %lld: stopped (%s)\n", rt->rank(), ep, comm_summary(*comm).c_str());
       return rc;
     }
@@ -231,6 +239,11 @@ int cmd_serve(const std::vector<std::string>& args) {
     LoadOptions lo;
     lo.dense_as_stored = true;
     lo.ram_budget_bytes = budget.budget;
+    lo.keep_expert = keep_expert;
+    if (keep_expert)
+      lo.log = [](const std::string& line) {
+        std::fprintf(stderr, "%s%s\n", line.rfind("released ", 0) == 0 ? "k3cpp serve: rank 0: " : "", line.c_str());
+      };
     server.load(dir, lo, budget.stream, budget.disk_bytes_per_s);
     announce_machine("serve");
     if (budget.budget) {

@@ -2,7 +2,7 @@
 // test starts both servers itself, on the tiny released-layout model, port 0):
 //  - the same requests, one at a time (plain and streamed /v1/completions and
 //    /v1/chat/completions, sampled with a seed and greedy, logprobs with top candidates, a
-//    response_format constraint, a repeated prompt the prefix cache restores over several
+//    response_format constraint, an image part, a repeated prompt the prefix cache restores over several
 //    prefill chunks) get byte-identical bodies but for the ids and timestamps;
 //  - the same requests at once: each gets the tokens the one-process server gave it, and
 //    logprobs within 1e-5 (the decode batches then depend on arrival; batching a row with
@@ -20,12 +20,16 @@
 
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <mutex>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
 
 #include "common/cli_run.h"
+#include "io/image.h"
+#include "io/tiktoken_file.h"
 
 namespace k3::test {
 namespace {
@@ -156,6 +160,19 @@ struct Req {
   Json body;
 };
 
+// A PNG data URL of a random 16 x 16 image (the model's vision encoder runs on rank 0; its rows
+// travel to the followers with the admission).
+std::string image_url() {
+  TempDir t("k3_dist_serve");
+  Image img;
+  img.height = img.width = 16;
+  img.rgb.resize(3 * 16 * 16);
+  std::mt19937_64 rng(3);
+  for (float& v : img.rgb) v = float(rng() % 256) / 255.0f;
+  save_image(t.sub("a.png"), img);
+  return "data:image/png;base64," + base64_encode(slurp(t.sub("a.png")));
+}
+
 std::vector<Req> requests() {
   const std::string text = "The quick brown fox jumps over the lazy dog; then it naps in the warm sun.";
   const Json chat_msgs = Json::array({{{"role", "system"}, {"content", "You are terse."}}, {{"role", "user"}, {"content", text}}});
@@ -171,6 +188,11 @@ std::vector<Req> requests() {
       {"/v1/chat/completions",
        {{"messages", chat_msgs}, {"max_tokens", 12}, {"temperature", 0.8}, {"seed", 11},
         {"response_format", {{"type", "json_object"}}}, {"reasoning_effort", "none"}}},
+      {"/v1/chat/completions",
+       {{"messages", Json::array({{{"role", "user"},
+                                   {"content", Json::array({{{"type", "image_url"}, {"image_url", {{"url", image_url()}}}},
+                                                            {{"type", "text"}, {"text", "what is this?"}}})}}})},
+        {"max_tokens", 8}, {"temperature", 0}, {"logprobs", true}, {"top_logprobs", 2}}},
   };
 }
 
