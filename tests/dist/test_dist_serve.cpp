@@ -10,6 +10,7 @@
 //  - SIGTERM to rank 0 drains and ends both ranks with exit 0 (mpirun's status), each rank
 //    reporting its collectives;
 //  - a follower killed with SIGKILL ends the job within seconds, mpirun naming the signal;
+//    rank 0 stopped (SIGSTOP) makes the follower abort the job at --comm-timeout;
 //  - --ep without mpirun, mpirun without --ep, --ep with --ram-budget and --ep 3 with 4 experts
 //    are refused with one error each.
 #include <gtest/gtest.h>
@@ -306,13 +307,30 @@ TEST(DistJobs, ExpertParallelServeEndsWhenARankDiesAndRefusesBadOptions) {
     EXPECT_LT(ep.proc.seconds(), 10) << ep.proc.out();
     EXPECT_NE(ep.proc.out().find("signal 9"), std::string::npos) << ep.proc.out();
   }
+  {
+    // Rank 0 stopped (SIGSTOP): its heartbeats cease and the follower aborts the job at
+    // --comm-timeout, naming the step broadcast.
+    Server ep(mpirun(2) + kServe + " --ep 2 --comm-timeout 2");
+    ASSERT_GT(ep.port, 0) << ep.proc.out();
+    const std::string pid0 = ep.proc.wait_for("rank 0 of 2 \\(pid ([0-9]+)\\)");
+    ASSERT_FALSE(pid0.empty()) << ep.proc.out();
+    ASSERT_EQ(::kill(std::stoi(pid0), SIGSTOP), 0);
+    ASSERT_TRUE(ep.proc.exited(20)) << ep.proc.out();
+    EXPECT_NE(ep.proc.rc(), 0) << ep.proc.out();
+    EXPECT_LT(ep.proc.seconds(), 10) << ep.proc.out();
+    EXPECT_NE(ep.proc.out().find("rank 1 of 2: collective 'serve.step' did not complete within 2 s"), std::string::npos)
+        << ep.proc.out();
+  }
+  // The refused jobs end when rank 0 exits 1; mpirun then gives the waiting ranks a second
+  // before SIGKILL (odls_base_sigkill_timeout), which these jobs need not wait for.
+  const std::string quick = " --mca odls_base_sigkill_timeout 0 ";
   const struct {
     std::string cmd, message;
   } bad[] = {
       {kServe + " --ep 2", "--ep 2 but the job has 1 MPI rank(s): start it with mpirun -np 2"},
-      {mpirun(2) + kServe, "started by mpirun with 2 ranks but without --ep: pass --ep 2"},
-      {mpirun(2) + kServe + " --ep 2 --ram-budget 1", "--ep and --ram-budget cannot be combined"},
-      {mpirun(3) + kServe + " --ep 3", "num_experts: 4 experts cannot be split over 3 expert-parallel ranks"},
+      {mpirun(2) + quick + kServe, "started by mpirun with 2 ranks but without --ep: pass --ep 2"},
+      {mpirun(2) + quick + kServe + " --ep 2 --ram-budget 1", "--ep and --ram-budget cannot be combined"},
+      {mpirun(3) + quick + kServe + " --ep 3", "num_experts: 4 experts cannot be split over 3 expert-parallel ranks"},
   };
   for (const auto& b : bad) {
     Child c(b.cmd);
