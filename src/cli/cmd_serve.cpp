@@ -159,7 +159,7 @@ int cmd_serve(const std::vector<std::string>& args) {
   if (world > 1 && ep == 0)
     refuse_on_every_rank("started by mpirun with " + std::to_string(world) + " ranks but without --ep: pass --ep " +
                          std::to_string(world));
-  if (ep > 1 && world != ep)
+  if (ep >= 1 && world != ep)
     refuse_on_every_rank("--ep " + std::to_string(ep) + " but the job has " + std::to_string(world) +
                          " MPI rank(s): start it with mpirun -np " + std::to_string(ep));
   if (ep > 1 && budget.budget)
@@ -177,9 +177,9 @@ int cmd_serve(const std::vector<std::string>& args) {
                            " experts cannot be split over " + std::to_string(ep) +
                            " expert-parallel ranks (--ep must divide it)");
   }
-  // Signals go to one thread (sigwait); every thread started from here
-  // inherits the mask (MPI's own threads too: so MPI_Init comes after). A follower never takes
-  // them: rank 0 decides when the group stops.
+  // Signals go to one thread (sigwait); every thread started from here inherits the mask (MPI's
+  // own threads too: so MPI_Init comes after). A follower never takes them: rank 0 decides when
+  // the group stops.
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGTERM);
@@ -220,10 +220,15 @@ int cmd_serve(const std::vector<std::string>& args) {
     set_num_threads(int(a.get_int("threads", 0)));
   }
 
-
   auto server_ptr = std::make_unique<serve::Server>(so, eo);
   serve::Server& server = *server_ptr;
-  const int bound = server.bind();
+  int bound = 0;
+  try {
+    bound = server.bind();
+  } catch (const std::exception& e) {
+    if (comm) comm->abort(std::string("serve: ") + e.what(), 1);  // the followers wait for this rank
+    throw;
+  }
   std::printf("listening on http://%s:%d\n", so.host.c_str(), bound);
   std::fflush(stdout);
   std::thread http([&] { server.run(); });
@@ -241,8 +246,9 @@ int cmd_serve(const std::vector<std::string>& args) {
     lo.ram_budget_bytes = budget.budget;
     lo.keep_expert = keep_expert;
     if (keep_expert)
-      lo.log = [](const std::string& line) {
-        std::fprintf(stderr, "%s%s\n", line.rfind("released ", 0) == 0 ? "k3cpp serve: rank 0: " : "", line.c_str());
+      lo.log = [ep](const std::string& line) {
+        if (line.rfind("released ", 0) == 0) std::fprintf(stderr, "k3cpp serve: rank 0 of %lld: %s\n", ep, line.c_str());
+        else std::fprintf(stderr, "%s\n", line.c_str());
       };
     server.load(dir, lo, budget.stream, budget.disk_bytes_per_s);
     announce_machine("serve");
