@@ -4,19 +4,33 @@
 # a quarter with the calculator tool), then RL with verifiable rewards; evaluate the SFT and
 # RL models on held-out problems with and without the tool; plot the curves.
 #
-# usage: scripts/posttrain_demo.sh OUT_DIR [full|reduced|tiny]
-#   full     the ~30 min target on 2 idle cores
-#   reduced  fewer steps and problems (what fits a shared machine in ~20 min)
-#   tiny     a seconds-long smoke run (ctest posttrain_demo_tiny): every stage, tiny sizes
+# usage: scripts/posttrain_demo.sh OUT_DIR [full|reduced|tiny|edge|edge-tiny]
+#   full       the ~30 min target on 2 idle cores
+#   reduced    fewer steps and problems (what fits a shared machine in ~20 min)
+#   tiny       a seconds-long smoke run (ctest posttrain_demo_tiny): every stage, tiny sizes
+#   edge       RL on the band at the edge of competence only (scripts/posttrain_edge.sh): reuses
+#              SFT_CHECKPOINT=DIR when given (else pretrains and fine-tunes at `full` size
+#              first), RL with the curriculum until RL_SECONDS, SFT vs RL on the edge band with
+#              EVAL_PER_BAND problems x EVAL_K samples, report.json, report.md and curves.svg
+#   edge-tiny  the same at tiny sizes (a rehearsal of the script, seconds)
 # K3CPP (default build/k3cpp) is the binary. Every figure lands in OUT_DIR/report.json.
 set -euo pipefail
-OUT=${1:?usage: posttrain_demo.sh OUT_DIR [full|reduced|tiny]}
+OUT=${1:?usage: posttrain_demo.sh OUT_DIR [full|reduced|tiny|edge|edge-tiny]}
 SCALE=${2:-full}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 K3CPP=${K3CPP:-$HERE/build/k3cpp}
 THREADS=${THREADS:-2}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+case "$SCALE" in
+  edge|edge-tiny)
+    if [ -z "${SFT_CHECKPOINT:-}" ]; then  # no model to reuse: pretrain + SFT first (stages 1-2 below)
+      bash "$0" "$OUT/base" "$([ "$SCALE" = edge ] && echo full || echo tiny)" --base-only
+      SFT_CHECKPOINT="$OUT/base/sft/checkpoint"
+    fi
+    exec env K3CPP="$K3CPP" THREADS="$THREADS" bash "$HERE/scripts/posttrain_edge.sh" "$OUT" "$SCALE" "$SFT_CHECKPOINT" ;;
+esac
+BASE_ONLY=${3:-}
 
 case "$SCALE" in
   full)    PROBLEMS=40000; PRE_TOKENS=2400000; SFT_STEPS=300; SFT_PROBLEMS=6000; RL_STEPS=60; RL_PROMPTS=4; G=8
@@ -25,10 +39,14 @@ case "$SCALE" in
            EVAL_PROBLEMS=18; EVAL_K=8; PARTIAL_STEPS=4 ;;
   tiny)    PROBLEMS=300; PRE_TOKENS=8192; SFT_STEPS=2; SFT_PROBLEMS=20; RL_STEPS=2; RL_PROMPTS=2; G=2
            EVAL_PROBLEMS=2; EVAL_K=2; PARTIAL_STEPS=1 ;;
-  *) echo "posttrain_demo.sh: scale must be full, reduced or tiny, got '$SCALE'" >&2; exit 2 ;;
+  *) echo "posttrain_demo.sh: scale must be full, reduced, tiny, edge or edge-tiny, got '$SCALE'" >&2; exit 2 ;;
 esac
-if [ "$SCALE" = tiny ]; then BUDGETS='{"low": 6, "high": 12, "max": 16}'; SEQ=128; BATCH=1024
-else BUDGETS='{"low": 48, "high": 128, "max": 320}'; SEQ=256; BATCH=4096; fi
+# Tool prompts get their own budgets: a calculator call and the answer turn after it take
+# 64-69 tokens in the demo's vocabulary (run 2), over the low budget of 48 (rl.h tool_budgets).
+if [ "$SCALE" = tiny ]; then BUDGETS='{"low": 6, "high": 12, "max": 16}'; TOOL_BUDGETS='{"low": 8, "high": 14, "max": 18}'
+  SEQ=128; BATCH=1024
+else BUDGETS='{"low": 48, "high": 128, "max": 320}'; TOOL_BUDGETS='{"low": 112, "high": 192, "max": 384}'
+  SEQ=256; BATCH=4096; fi
 
 t() { date +%s.%N; }
 elapsed() { python3 -c "print(round($2 - $1, 1))"; }
@@ -58,6 +76,7 @@ cat > "$OUT/sft.json" <<JSON
 JSON
 "$K3CPP" sft --config "$OUT/sft.json" --out "$OUT/sft" --quiet
 T3=$(t)
+if [ "$BASE_ONLY" = --base-only ]; then echo "posttrain_demo ($SCALE, base only): $OUT/sft/checkpoint"; exit 0; fi
 
 # 3. RL from the SFT model (DAPO, lambda 1), then the partial-rollout timing runs.
 rl_config() {  # $1 file, $2 steps, $3 lambda, $4 loss, $5 eval_every
@@ -68,7 +87,8 @@ cat > "$1" <<JSON
  "eval": {"digits": [1, 2, 3], "ops": "+*", "efforts": ["low", "high", "max"], "tool_share": 0.0,
           "problems": $EVAL_PROBLEMS, "seed": 977},
  "eval_every": $5, "eval_samples": $EVAL_K,
- "steps": $2, "prompts_per_step": $RL_PROMPTS, "group_size": $G, "budgets": $BUDGETS, "lambda": $3,
+ "steps": $2, "prompts_per_step": $RL_PROMPTS, "group_size": $G, "budgets": $BUDGETS,
+ "tool_budgets": $TOOL_BUDGETS, "lambda": $3,
  "loss": "$4", "lr": 3e-4, "optimizer": "adamw", "threads": $THREADS, "checkpoint_every": 10, "seed": 5}
 JSON
 }

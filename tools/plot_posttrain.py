@@ -3,13 +3,18 @@
 
 usage: plot_posttrain.py OUT.svg METRICS.jsonl [METRICS.jsonl ...]
        plot_posttrain.py --report REPORT.json DEMO_DIR T_PRETRAIN T_SFT T_RL T_RL_VARIANTS T_EVAL
+       plot_posttrain.py --edge REPORT.json EDGE_DIR T_CHECKS T_RL T_EVAL
 
 The first form draws, from k3cpp sft / rl metrics.jsonl files: the SFT loss; per RL run the
 mean reward and the share correct per step; the mean response length per effort level and the
 share over budget per step; the wall time of each step. The second gathers the demo's
 evaluations (eval-{sft,rl}-tool{0,1}.json) and RL metrics into one JSON report and prints its
-tables in Markdown.
+tables in Markdown. The third is the edge run's report (scripts/posttrain_edge.sh): SFT vs RL
+pass@1 on the edge band from the per-problem counts of eval-edge-{sft,rl}.json, each with its
+standard error clustered by problem (sd of the per-problem pass rates / sqrt(problems)) and
+the paired difference RL - SFT with its standard error (the same problems, the same draws).
 """
+import math
 import json
 import os
 import sys
@@ -165,8 +170,85 @@ def report(path, demo, times):
             print(f"| {name} | {v['steps']} | {v['mean']:.2f} | {v['max']:.2f} | {v['mean_reward']:.3f} | {v['stale_tokens']} |")
 
 
+def mean_se(xs):
+    n = len(xs)
+    m = sum(xs) / n
+    if n < 2:
+        return m, None  # no standard error from one problem
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) / math.sqrt(n)
+
+
+def pm(m, se, sign=False):
+    return (f"{m:+.3f}" if sign else f"{m:.3f}") + (f" +- {se:.3f}" if se is not None else "")
+
+
+def edge_report(path, demo, times):
+    rep = {"seconds": dict(zip(["tool_check", "rl", "eval"], map(float, times)))}
+    sft = json.load(open(os.path.join(demo, "eval-edge-sft.json")))
+    rl = json.load(open(os.path.join(demo, "eval-edge-rl.json")))
+    k = sft["overall"]["k"]
+    a, b = sft["per_problem"], rl["per_problem"]
+    if len(a) != len(b) or any(x[:4] != y[:4] for x, y in zip(a, b)):
+        sys.exit("plot_posttrain.py --edge: the two evaluations are not of the same problems")
+    groups = {}
+    for x, y in zip(a, b):
+        band = f"{x[0]}{x[1]}"
+        for key in (band + " " + x[2], band + " all", "all"):
+            groups.setdefault(key, []).append((x[4] / k, y[4] / k))
+    rows = {}
+    for key, v in sorted(groups.items()):
+        s_m, s_se = mean_se([p for p, _ in v])
+        r_m, r_se = mean_se([q for _, q in v])
+        d_m, d_se = mean_se([q - p for p, q in v])
+        rows[key] = {"problems": len(v), "k": k, "sft": s_m, "sft_se": s_se, "rl": r_m, "rl_se": r_se,
+                     "diff": d_m, "diff_se": d_se}
+    rep["edge"] = rows
+    steps = [r for r in load(os.path.join(demo, "rl", "metrics.jsonl")) if r.get("type") == "step"]
+    if steps:
+        w = max(1, len(steps) // 10)
+        rep["rl"] = {"steps": len(steps), "mean_step_seconds": sum(r["seconds"] for r in steps) / len(steps),
+                     "trajectories": sum(r["trajectories"] for r in steps), "kept": sum(r["kept"] for r in steps),
+                     "lr": steps[-1]["lr"], "window": w,
+                     "correct_by_window": [sum(r["correct"] for r in steps[i:i + w]) / len(steps[i:i + w])
+                                           for i in range(0, len(steps), w)],
+                     "reward_curve": [[r["step"], r["reward"], r["correct"]] for r in steps]}
+    for name in ("budgets", "plain"):
+        p = os.path.join(demo, f"eval-toolcheck-{name}.json")
+        if os.path.exists(p):
+            o = json.load(open(p))["overall"]
+            rep[f"tool_check_{name}"] = {kk: o[kk] for kk in ("problems", "k", "pass@1", "mean_tokens", "over_budget",
+                                                               "tool_calls_per_answer", "tool_success")}
+    with open(path, "w") as f:
+        json.dump(rep, f, indent=1)
+    print(f"SFT vs RL on the edge band: pass@1 (+- standard error clustered by problem), {k} samples per problem, "
+          "the same problems and draws for both; diff = RL - SFT (+- paired standard error).\n")
+    print("| band | effort | problems | SFT pass@1 | RL pass@1 | RL - SFT |\n|---|---|---|---|---|---|")
+    for key, v in rows.items():
+        band, _, effort = key.partition(" ")
+        print(f"| {band} | {effort or 'all'} | {v['problems']} | {pm(v['sft'], v['sft_se'])} | "
+              f"{pm(v['rl'], v['rl_se'])} | {pm(v['diff'], v['diff_se'], True)} |")
+    if "rl" in rep:
+        r = rep["rl"]
+        print(f"\nRL: {r['steps']} steps, {r['mean_step_seconds']:.1f} s per step, {r['kept']} of {r['trajectories']} "
+              f"trajectories in groups with reward variance; training share correct per {r['window']}-step window: "
+              + ", ".join(f"{x:.2f}" for x in r["correct_by_window"]))
+    print("\n| low-effort answers with the calculator | samples | pass@1 | mean tokens | over budget | calls per answer |"
+          "\n|---|---|---|---|---|---|")
+    for name, label in (("plain", "budgets only (earlier runs)"), ("budgets", "tool_budgets")):
+        v = rep.get(f"tool_check_{name}")
+        if v:
+            print(f"| {label} | {v['problems'] * v['k']} | {v['pass@1']:.3f} | {v['mean_tokens']:.1f} | "
+                  f"{v['over_budget']:.3f} | {v['tool_calls_per_answer']:.3f} |")
+    print("\nwall time (s): " + ", ".join(f"{kk} {vv:.0f}" for kk, vv in rep["seconds"].items()))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) >= 2 and sys.argv[1] == "--report":
+    if len(sys.argv) >= 2 and sys.argv[1] == "--edge":
+        if len(sys.argv) != 7:
+            sys.exit(__doc__)
+        edge_report(sys.argv[2], sys.argv[3], sys.argv[4:7])
+        sys.exit(0)
+    elif len(sys.argv) >= 2 and sys.argv[1] == "--report":
         if len(sys.argv) != 9:
             sys.exit(__doc__)
         report(sys.argv[2], sys.argv[3], sys.argv[4:9])

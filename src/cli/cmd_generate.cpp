@@ -180,13 +180,25 @@ int cmd_generate(const std::vector<std::string>& args) {
 
   LoadOptions lo;
   lo.dense_as_stored = true;  // bf16 dense weights read as stored
-  BudgetedModel bm = load_budgeted(a, md, lo, "generate", int64_t(ids.size()));
-  const K3Model& model = bm.im->model;
   if (rt && rt->size() > 1) {
     if (md.config.num_experts % rt->size() != 0)
       fail_input(md.config_path, "num_experts",
                  std::to_string(md.config.num_experts) + " experts cannot be split over " +
                      std::to_string(rt->size()) + " expert-parallel ranks (--ep must divide it)");
+    // Only this rank's experts are converted and kept in memory (dist/expert_parallel.h).
+    const int64_t per = md.config.num_experts / rt->size(), me = rt->rank();
+    lo.keep_expert = [per, me](int64_t e) { return e / per == me; };
+    const int ranks = rt->size();
+    lo.log = [me, ranks](const std::string& line) {  // the load's other notices: rank 0 alone
+      if (line.rfind("released ", 0) == 0)
+        std::fprintf(stderr, "generate: rank %d of %d: %s\n", int(me), ranks, line.c_str());
+      else if (me == 0)
+        std::fprintf(stderr, "%s\n", line.c_str());
+    };
+  }
+  BudgetedModel bm = load_budgeted(a, md, lo, "generate", int64_t(ids.size()));
+  const K3Model& model = bm.im->model;
+  if (rt && rt->size() > 1) {
     comm = dist::make_comm("mpi", 600);
     exchange = std::make_unique<dist::CommExpertExchange>(*comm);
     set_expert_exchange(exchange.get());

@@ -21,9 +21,11 @@ namespace {
 const char* kUsage =
     "usage: k3cpp rl --config rl.json --out DIR [--resume] [--steps N] [--quiet]\n"
     "       k3cpp rl --config rl.json --eval MODEL_DIR [--tool-share X] [--samples K]\n"
-    "  --config      model (the SFT model directory), arithmetic {digits, ops, efforts, tool_share,\n"
-    "                problems, seed}, eval {...}, eval_every, eval_samples, steps, prompts_per_step,\n"
-    "                group_size, budgets {low, high, max}, lambda, loss (dapo | mirror), clip_low,\n"
+    "  --config      model (the SFT model directory), arithmetic {digits, ops | bands [\"2+\", \"3*\"],\n"
+    "                efforts, tool_share, problems | problems_per_band, seed} (the prompts: a curriculum\n"
+    "                by bands), eval {the same fields}, eval_every, eval_samples, steps, prompts_per_step,\n"
+    "                group_size, budgets {low, high, max}, tool_budgets {low, high, max} (prompts with\n"
+    "                the calculator; default: budgets), lambda, loss (dapo | mirror), clip_low,\n"
     "                clip_high, is_cap, kl_coef, tau, std_norm, format_penalty, lr, lr_end,\n"
     "                warmup_steps, optimizer, weight_decay, grad_clip, max_tool_rounds,\n"
     "                checkpoint_every, log_every, threads, seed\n"
@@ -55,7 +57,7 @@ int cmd_rl(const std::vector<std::string>& args) {
     ArithEvalOptions eo;
     eo.samples = a.get_int("samples", c.eval_samples);
     if (eo.samples < 1) fail("--samples: expected a positive integer");
-    eo.budget = [&](chat::Effort e) { return c.budget(e); };
+    eo.budget = [&](chat::Effort e, bool tool) { return c.budget(e, tool); };
     eo.max_tool_rounds = c.max_tool_rounds;
     announce_machine("rl");
     LoadOptions lo;

@@ -21,14 +21,16 @@ bool launched_by_mpirun() {
   return false;
 }
 
-Runtime::Runtime() {
+Runtime::Runtime(bool serialized) {
   int inited = 0;
   MPI_Initialized(&inited);
   if (!inited) {
+    const int level = serialized ? MPI_THREAD_SERIALIZED : MPI_THREAD_FUNNELED;
     int provided = 0;
-    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    if (MPI_Init_thread(nullptr, nullptr, level, &provided) != MPI_SUCCESS)
       fail("MPI_Init_thread failed (is OpenMPI installed and the job started with mpirun?)");
-    if (provided < MPI_THREAD_FUNNELED) fail("MPI does not provide MPI_THREAD_FUNNELED");
+    if (provided < level)
+      fail(std::string("MPI does not provide ") + (serialized ? "MPI_THREAD_SERIALIZED" : "MPI_THREAD_FUNNELED"));
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);

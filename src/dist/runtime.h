@@ -1,5 +1,5 @@
 // The MPI process environment of a distributed command (`mpirun -np N k3cpp train ... --dp N`):
-// MPI_Init_thread (funneled: only the main thread calls MPI; OpenMP threads compute) on
+// MPI_Init_thread (funneled: only the main thread calls MPI; OpenMP threads compute; or serialized) on
 // construction, MPI_Finalize on destruction. Commands that run without --dp / --ep never
 // initialise MPI.
 #pragma once
@@ -9,7 +9,9 @@ namespace k3::dist {
 
 class Runtime {
  public:
-  Runtime();
+  // serialized: any one thread at a time may call MPI (MPI_THREAD_SERIALIZED), for `serve --ep`,
+  // whose engine thread, not the main one, runs the collectives; otherwise funneled.
+  explicit Runtime(bool serialized = false);
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include <pthread.h>
@@ -91,6 +92,61 @@ struct Slot {
   const int32_t* key() const { return req.cache_key.empty() ? req.prompt.data() : req.cache_key.data(); }
 };
 
+// The leader's messages to its followers (StepChannel): the operations that changed its state,
+// in the order it made them. Integers are int64 in the host's byte order (every process of a
+// job runs the same binary); a vector is its length, then its elements.
+enum class Op : uint8_t {
+  Admit = 1,     // a request took a slot: prompt, cache key, media id, media rows (if any)
+  AdmitBlocked,  // admission stopped on the state budget (after trying to evict snapshots)
+  Finish,        // slot index: the sequence ended
+  Token,         // slot index, id: the token its next decode step feeds
+  Prefill,       // slot index: one prefill chunk of it (a forward)
+  Decode,        // one decode step of every slot with a token to feed (a forward)
+  Erase,         // ended slots leave `running`
+  Stop,          // the leader's engine stopped
+};
+
+struct StepWriter {
+  std::string& s;
+  void op(Op o) { s.push_back(char(o)); }
+  void i64(int64_t v) { s.append(reinterpret_cast<const char*>(&v), sizeof v); }
+  template <class T>
+  void vec(const T* p, size_t n) {
+    i64(int64_t(n));
+    s.append(reinterpret_cast<const char*>(p), n * sizeof(T));
+  }
+};
+
+struct StepReader {
+  const std::string& s;
+  size_t pos = 0;
+  bool done() const { return pos >= s.size(); }
+  void need(size_t n) const {
+    if (n > s.size() - pos) fail("engine follower: a truncated message from the leader (" + std::to_string(s.size()) + " bytes)");
+  }
+  Op op() {
+    need(1);
+    return Op(uint8_t(s[pos++]));
+  }
+  int64_t i64() {
+    int64_t v = 0;
+    need(sizeof v);
+    std::memcpy(&v, s.data() + pos, sizeof v);
+    pos += sizeof v;
+    return v;
+  }
+  template <class T>
+  std::vector<T> vec() {
+    const int64_t n = i64();
+    if (n < 0) fail("engine follower: a negative length in a message from the leader");
+    need(size_t(n) * sizeof(T));
+    std::vector<T> v(static_cast<size_t>(n));
+    if (n) std::memcpy(v.data(), s.data() + pos, size_t(n) * sizeof(T));
+    pos += size_t(n) * sizeof(T);
+    return v;
+  }
+};
+
 }  // namespace
 
 struct Engine::Impl {
@@ -117,8 +173,28 @@ struct Engine::Impl {
   std::vector<int32_t> top_idx;  // top_logprobs candidates
   std::thread thread;
 
+  // Replication (StepChannel): the leader notes its decisions in `log` and shares it before
+  // each forward; a follower (run_engine_follower) applies them.
+  StepChannel* channel = nullptr;
+  bool follower = false;
+  std::string log;
+  Clock::time_point last_share = Clock::now();
+  bool leading() const { return channel && !follower; }
+  StepWriter note() { return StepWriter{log}; }
+  void share() {
+    channel->share(log);
+    log.clear();
+    last_share = Clock::now();
+  }
+  int64_t index_of(const Slot& s) const {
+    for (size_t i = 0; i < running.size(); ++i)
+      if (running[i].get() == &s) return int64_t(i);
+    K3_ASSERT(false, "engine: a slot outside the running set");
+    return -1;
+  }
+
   Impl(const K3Model& m, EngineOptions o)
-      : model(m), opt(std::move(o)), threads(num_threads()), cache(m.dims(), opt.prefill_chunk) {
+      : model(m), opt(std::move(o)), threads(num_threads()), cache(m.dims(), opt.prefill_chunk), channel(opt.step_channel) {
     const ModelDims& d = model.dims();
     int64_t mla_layers = 0;
     for (bool b : d.mla) mla_layers += b ? 1 : 0;
@@ -136,14 +212,17 @@ struct Engine::Impl {
   int64_t state_bytes() const { return int64_t(running.size()) * slot_bytes + cache.bytes(); }
 
   void finish(Slot& s, const std::string& reason, const std::string& error = {}) {
-    GenerationEvent ev;
-    ev.final = true;
-    ev.finish = reason;
-    ev.error = error;
-    ev.prompt_tokens = int64_t(s.req.prompt.size());
-    ev.cached_tokens = s.cached;
-    ev.completion_tokens = s.generated;
-    s.handle->push(std::move(ev));
+    if (leading()) note().op(Op::Finish), note().i64(index_of(s));
+    if (s.handle) {  // a follower's slots have none
+      GenerationEvent ev;
+      ev.final = true;
+      ev.finish = reason;
+      ev.error = error;
+      ev.prompt_tokens = int64_t(s.req.prompt.size());
+      ev.cached_tokens = s.cached;
+      ev.completion_tokens = s.generated;
+      s.handle->push(std::move(ev));
+    }
     s.done = true;
     if (s.node) cache.unpin(s.node), s.node = nullptr;
   }
@@ -218,7 +297,46 @@ struct Engine::Impl {
     const bool stop = std::find(s.req.stop_tokens.begin(), s.req.stop_tokens.end(), id) != s.req.stop_tokens.end();
     if (stop) finish(s, "stop");
     else if (s.generated >= s.req.max_tokens || s.st.n_tokens + 1 > opt.ctx) finish(s, "length");
-    else s.pending = id;
+    else {
+      s.pending = id;
+      if (leading()) note().op(Op::Token), note().i64(index_of(s)), note().i64(id);
+    }
+  }
+
+  // Room in the state budget for one more slot, evicting unpinned snapshots if needed.
+  bool make_room() {
+    const int64_t budget = stats.state_budget_bytes;
+    const int64_t need = int64_t(running.size() + 1) * slot_bytes;
+    return need + cache.bytes() <= budget || cache.shrink_to(budget - need);
+  }
+
+  // A slot for `req`, restored from the longest prefix-cache snapshot of its prompt.
+  void open_slot(GenerationRequest req, std::shared_ptr<RequestHandle> handle, Clock::time_point submitted) {
+    if (leading()) {
+      StepWriter w = note();
+      w.op(Op::Admit);
+      w.vec(req.prompt.data(), req.prompt.size());
+      w.vec(req.cache_key.data(), req.cache_key.size());
+      w.i64(req.media_id);
+      w.i64(req.media_rows ? 1 : 0);
+      if (req.media_rows) w.vec(req.media_rows->data(), req.media_rows->size());
+    }
+    auto s = std::make_unique<Slot>();
+    s->handle = std::move(handle);
+    s->req = std::move(req);
+    s->submitted = submitted;
+    s->sampler = std::make_unique<Sampler>(s->req.sampling);
+    s->st = model.new_state();
+    s->st.reserve(opt.ctx, model.dims());
+    const int64_t P = int64_t(s->req.prompt.size());
+    // At least the last prompt token is computed: its logits give the first token.
+    if (opt.prefix_cache) s->node = cache.restore(s->key(), P - 1, s->st);
+    s->cached = s->st.n_tokens;
+    ++stats.requests_total;
+    stats.prompt_tokens_total += uint64_t(P);
+    stats.cached_prompt_tokens_total += uint64_t(s->cached);
+    if (opt.prefix_cache) ++(s->cached > 0 ? stats.prefix_cache_hits : stats.prefix_cache_misses);
+    running.push_back(std::move(s));
   }
 
   // Admits waiting requests while a slot and the state budget allow (evicting snapshots).
@@ -235,26 +353,15 @@ struct Engine::Impl {
         waiting.pop_front();
         continue;
       }
-      const int64_t budget = stats.state_budget_bytes;
-      const int64_t need = int64_t(running.size() + 1) * slot_bytes;
-      if (need + cache.bytes() > budget && !cache.shrink_to(budget - need)) break;  // wait for a slot to end
-      auto s = std::make_unique<Slot>();
-      s->handle = w.handle;
-      s->req = std::move(w.req);
-      s->submitted = w.submitted;
-      s->sampler = std::make_unique<Sampler>(s->req.sampling);
-      s->st = model.new_state();
-      s->st.reserve(opt.ctx, model.dims());
-      const int64_t P = int64_t(s->req.prompt.size());
-      // At least the last prompt token is computed: its logits give the first token.
-      if (opt.prefix_cache) s->node = cache.restore(s->key(), P - 1, s->st);
-      s->cached = s->st.n_tokens;
+      if (!make_room()) {  // wait for a slot to end
+        if (leading()) note().op(Op::AdmitBlocked);
+        break;
+      }
+      GenerationRequest req = std::move(w.req);
+      std::shared_ptr<RequestHandle> handle = w.handle;
+      const Clock::time_point submitted = w.submitted;
       waiting.pop_front();
-      ++stats.requests_total;
-      stats.prompt_tokens_total += uint64_t(P);
-      stats.cached_prompt_tokens_total += uint64_t(s->cached);
-      if (opt.prefix_cache) ++(s->cached > 0 ? stats.prefix_cache_hits : stats.prefix_cache_misses);
-      running.push_back(std::move(s));
+      open_slot(std::move(req), std::move(handle), submitted);
     }
     stats.running = int64_t(running.size());
     stats.waiting = int64_t(waiting.size());
@@ -265,6 +372,7 @@ struct Engine::Impl {
   void prefill_chunk(Slot& s) {
     const int64_t P = int64_t(s.req.prompt.size()), C = opt.prefill_chunk;
     const int64_t p = s.st.n_tokens, e = std::min(P, (p / C + 1) * C);
+    if (leading()) note().op(Op::Prefill), note().i64(index_of(s)), share();
     ForwardOptions fo;
     fo.mode = MixerMode::Prefill;
     fo.last_only = true;
@@ -290,7 +398,7 @@ struct Engine::Impl {
     }
     if (e == P) {
       if (s.node) cache.unpin(s.node), s.node = nullptr;
-      emit_next(s, prefill_logits.data());
+      if (!follower) emit_next(s, prefill_logits.data());
     }
   }
 
@@ -310,12 +418,13 @@ struct Engine::Impl {
     if (batch_slots.empty()) return;
     const int64_t B = int64_t(batch_slots.size()), V = model.dims().V;
     batch_logits.resize(size_t(B * V));
+    if (leading()) note().op(Op::Decode), share();
     model.forward_batch(batch_logits.data(), batch_ids.data(), batch_seg.data(), B, batch_states.data(),
                         decode_scratch);
     for (int64_t j = 0; j < B; ++j) {
       Slot& s = *batch_slots[size_t(j)];
       s.pending = -1;
-      emit_next(s, batch_logits.data() + j * V);
+      if (!follower) emit_next(s, batch_logits.data() + j * V);
     }
   }
 
@@ -328,7 +437,17 @@ struct Engine::Impl {
       const Clock::time_point t0 = Clock::now();
       {
         std::unique_lock<std::mutex> lk(mu);
-        cv.wait(lk, [&] { return stopping || !waiting.empty() || !running.empty(); });
+        const auto work = [&] { return stopping || !waiting.empty() || !running.empty(); };
+        if (!leading()) {
+          cv.wait(lk, work);
+        } else {
+          // Idle, the leader still shares (an empty or pending log) every heartbeat.
+          while (!cv.wait_until(lk, last_share + opt.heartbeat, work)) {
+            lk.unlock();
+            share();
+            lk.lock();
+          }
+        }
         if (stopping) break;
         if (cancel_running)
           for (auto& s : running) s->handle->cancel();
@@ -352,14 +471,16 @@ struct Engine::Impl {
         step_cpu_s = thread_cpu_seconds() - c0;
         step_s = seconds(Clock::now() - t2);
       } catch (const std::exception& e) {
+        // Replicated, the followers may be inside the failed forward's collectives: the group
+        // cannot continue.
+        if (channel) channel->abort(std::string("serve: the engine failed in a replicated step: ") + e.what());
         // A failure inside the model ends every sequence of this iteration with the error
         // (the engine keeps serving the next requests).
         for (auto& s : running)
           if (!s->done) finish(*s, "error", e.what());
       }
       const Clock::time_point t3 = Clock::now();
-      running.erase(std::remove_if(running.begin(), running.end(), [](const auto& s) { return s->done; }),
-                    running.end());
+      erase_done();
       std::lock_guard<std::mutex> lk(mu);
       if (step_s > 0) ++stats.steps;
       stats.step_seconds += step_s;
@@ -376,8 +497,77 @@ struct Engine::Impl {
     for (auto& s : running)
       if (!s->done) finish(*s, "cancelled");
     running.clear();
+    if (leading()) note().op(Op::Stop), share();
+  }
+
+  void erase_done() {
+    const auto done = [](const auto& s) { return s->done; };
+    if (std::none_of(running.begin(), running.end(), done)) return;
+    if (leading()) note().op(Op::Erase);
+    running.erase(std::remove_if(running.begin(), running.end(), done), running.end());
+  }
+
+  Slot& slot_at(int64_t i) {
+    if (i < 0 || i >= int64_t(running.size()))
+      fail("engine follower: the leader named slot " + std::to_string(i) + " of " + std::to_string(running.size()));
+    return *running[size_t(i)];
+  }
+
+  // A follower: applies one message of the leader; true at its Stop.
+  bool apply(const std::string& msg) {
+    StepReader r{msg};
+    while (!r.done()) {
+      switch (r.op()) {
+        case Op::Admit: {
+          GenerationRequest req;
+          req.prompt = r.vec<int32_t>();
+          req.cache_key = r.vec<int32_t>();
+          req.media_id = int32_t(r.i64());
+          if (r.i64()) req.media_rows = std::make_shared<const std::vector<float>>(r.vec<float>());
+          if (req.prompt.empty()) fail("engine follower: the leader admitted an empty prompt");
+          if (!make_room()) fail("engine follower: no room for a slot the leader admitted (the states diverged)");
+          open_slot(std::move(req), nullptr, Clock::now());
+          break;
+        }
+        case Op::AdmitBlocked:
+          make_room();  // the leader's failed eviction, done the same way
+          break;
+        case Op::Finish: finish(slot_at(r.i64()), "follower"); break;
+        case Op::Token: {
+          Slot& s = slot_at(r.i64());
+          s.pending = int32_t(r.i64());
+          break;
+        }
+        case Op::Prefill: {
+          Slot& s = slot_at(r.i64());
+          if (s.done || !s.prefilling()) fail("engine follower: the leader prefills a slot that has no prompt left");
+          prefill_chunk(s);
+          break;
+        }
+        case Op::Decode: decode_step(); break;
+        case Op::Erase: erase_done(); break;
+        case Op::Stop: return true;
+        default: fail("engine follower: an unknown operation in a message from the leader");
+      }
+    }
+    return false;
   }
 };
+
+void run_engine_follower(const K3Model& model, EngineOptions opt, StepChannel& channel) {
+  opt.step_channel = nullptr;
+  Engine::Impl im(model, std::move(opt));
+  im.channel = &channel;
+  im.follower = true;
+  std::string msg;
+  try {
+    do {
+      channel.share(msg);
+    } while (!im.apply(msg));
+  } catch (const std::exception& e) {
+    channel.abort(std::string("serve: ") + e.what());
+  }
+}
 
 Engine::Engine(const K3Model& model, EngineOptions opt) : model_(model), opt_(std::move(opt)) {
   if (opt_.parallel < 1) fail("engine: parallel must be >= 1, got " + std::to_string(opt_.parallel));

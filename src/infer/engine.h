@@ -114,6 +114,22 @@ struct EngineStats {
   LatencyHistogram ttft, itl;      // time to first token; inter-token latency
 };
 
+// Replication of the engine's state on other processes (expert-parallel serving, src/dist/
+// step_channel.h): the leader (the engine that takes requests) hands every decision that changes
+// its state (a request admitted, a token sampled, a sequence ended) to the channel before each
+// model forward, so the followers (run_engine_follower) hold the same slots, states and prefix
+// cache and run the same forwards with it; the routed experts' collectives happen inside those
+// forwards. Called on the scheduler thread only.
+class StepChannel {
+ public:
+  virtual ~StepChannel() = default;
+  // Leader: sends `bytes` to every follower. Follower: replaces `bytes` with the leader's next
+  // message. Collective over the leader and its followers.
+  virtual void share(std::string& bytes) = 0;
+  // Ends every process of the group after printing msg (the group cannot stay consistent).
+  [[noreturn]] virtual void abort(const std::string& msg) = 0;
+};
+
 struct EngineOptions {
   int64_t parallel = 8;               // slots: sequences decoded together at most
   int64_t ctx = 4096;                 // prompt + generated tokens per sequence at most
@@ -124,6 +140,11 @@ struct EngineOptions {
   // Test-only (never set from a request): replaces sampling by these tokens, in order, for
   // every request (after them: the request's first stop token, or "length").
   std::vector<int32_t> forced_output;
+  // Leader of a replicated engine (see StepChannel): null for a lone engine. While idle the
+  // leader shares an empty message every heartbeat, so a follower can tell a quiet leader from
+  // a lost one (its channel's timeout).
+  StepChannel* step_channel = nullptr;
+  std::chrono::milliseconds heartbeat{1000};
 };
 
 // submit() beyond queue_limit (HTTP 429).
@@ -150,9 +171,16 @@ class Engine {
 
  private:
   struct Impl;
+  friend void run_engine_follower(const K3Model& model, EngineOptions opt, StepChannel& channel);
   const K3Model& model_;
   EngineOptions opt_;
   std::unique_ptr<Impl> impl_;
 };
+
+// A follower of a replicated engine: on the calling thread, applies the leader's messages from
+// `channel` to an engine state of its own over `model` (opt as the leader's, step_channel
+// ignored) and runs the same forwards, until the leader stops (returns) or the group fails
+// (channel.abort). Samples nothing: the leader's tokens come with its messages.
+void run_engine_follower(const K3Model& model, EngineOptions opt, StepChannel& channel);
 
 }  // namespace k3

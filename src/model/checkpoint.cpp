@@ -160,6 +160,7 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
       check_stored(ck, pk, st[0].shape, true, what);
       check_stored(ck, sc, st[1].shape, true, what);
       if (external) continue;  // read on demand by the expert cache (infer/weight_stream.h)
+      if (storage != ExpertStorage::Mxfp4 && opt.keep_expert && !opt.keep_expert(s.expert)) continue;
       jobs.push_back({i, storage == ExpertStorage::Mxfp4 ? Kind::MxKeep : Kind::MxDequant, ck.get(pk), ck.get(sc)});
       continue;
     }
@@ -174,6 +175,7 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
     }
     check_stored(ck, name, s.shape, false, "");
     if (streamed[i]) continue;  // read by the trunk ring / head streamer (infer/trunk_ring.h, head_stream.h)
+    if (routed && opt.keep_expert && !opt.keep_expert(s.expert)) continue;  // another rank's expert
     jobs.push_back({i, bf16_held[i] ? Kind::Bf16Keep : Kind::Dense, ck.get(name), Tensor()});
   }
   // A language-model tensor that the config does not have means checkpoint and config disagree.
@@ -221,6 +223,15 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
         break;
       }
     }
+  }
+  if (opt.keep_expert && storage == ExpertStorage::Plain) {
+    const int64_t released = w.release_routed_experts(opt.keep_expert);
+    char mib[32];
+    std::snprintf(mib, sizeof mib, "%.1f", double(released) / double(1 << 20));
+    const std::string line =
+        "released " + std::to_string(released) + " bytes (" + mib + " MiB) of the routed experts other ranks compute";
+    if (opt.log) opt.log(line);
+    else std::fprintf(stderr, "%s\n", line.c_str());
   }
   return w;
 }

@@ -58,6 +58,11 @@ struct LoadOptions {
   // when they do not fit): both validated but not held; a HeadProvider reads embedding rows
   // and lm_head blocks on demand (infer/head_stream.h).
   bool stream_head = false;
+  // Expert-parallel inference: the routed experts this process computes (by index); set, the
+  // others are validated but not converted, and their f32 memory (plain experts) is given back
+  // after the load (WeightStore::release_routed_experts); MXFP4 experts stay views of the
+  // mapped file, whose pages only the kept experts touch. Unset: every expert.
+  std::function<bool(int64_t expert)> keep_expert;
   // Receives the load's one-line notices (legacy names, skipped vision tensors); unset: stderr.
   std::function<void(const std::string&)> log;
 };

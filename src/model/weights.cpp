@@ -1,6 +1,12 @@
 // Weight store (see weights.h): offsets derived from the parameter table in table order.
 #include "model/weights.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <utility>
+
 #include "core/error.h"
 
 namespace k3 {
@@ -131,6 +137,37 @@ void WeightStore::set_mxfp4(size_t i, Mxfp4Matrix m) {
             "MXFP4 slot for a tensor that is not an MXFP4-held routed expert: " + s.name);
   K3_ASSERT(m.rows == s.shape[0] && m.cols == s.shape[1], "MXFP4 matrix shape differs from the spec of " + s.name);
   mx_[i] = std::move(m);
+}
+
+int64_t WeightStore::release_routed_experts(const std::function<bool(int64_t expert)>& keep) {
+  // Float ranges [begin, end) of the rejected experts' matrices, merged where only the layout's
+  // alignment padding lies between them (every parameter starts at a multiple of kParamAlign).
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (size_t i = 0; i < layout_.size(); ++i) {
+    const ParamSpec& s = layout_.spec(i);
+    if (s.component != Component::RoutedExperts || !layout_.in_buffer(i) || keep(s.expert)) continue;
+    runs.push_back({layout_.offset(i), layout_.offset(i) + s.numel()});
+  }
+  std::sort(runs.begin(), runs.end());
+  std::vector<std::pair<int64_t, int64_t>> merged;
+  for (const auto& r : runs)
+    if (!merged.empty() && r.first <= (merged.back().second + ParamLayout::kParamAlign - 1) / ParamLayout::kParamAlign *
+                                          ParamLayout::kParamAlign)
+      merged.back().second = std::max(merged.back().second, r.second);
+    else
+      merged.push_back(r);
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  char* base = reinterpret_cast<char*>(data());
+  int64_t released = 0;
+  for (const auto& [b, e] : merged) {
+    const uintptr_t lo = (reinterpret_cast<uintptr_t>(base + b * 4) + page - 1) / page * page;
+    const uintptr_t hi = reinterpret_cast<uintptr_t>(base + e * 4) / page * page;
+    if (hi <= lo) continue;
+    if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0)
+      fail_system("cannot release the memory of other ranks' experts (madvise)", "");
+    released += int64_t(hi - lo);
+  }
+  return released;
 }
 
 }  // namespace k3

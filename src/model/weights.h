@@ -10,6 +10,7 @@
 // (kernels/weight_mat.h), so a decode step reads the bytes the checkpoint holds.
 // Lookup by released name is one hash lookup; spec positions are stable table indices.
 #pragma once
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -75,6 +76,13 @@ class WeightStore {
   const ParamLayout& layout() const { return layout_; }
   ExpertStorage expert_storage() const { return layout_.experts(); }
 
+  // Expert parallelism at inference: gives the pages of the f32 routed experts that `keep`
+  // rejects (by expert index) back to the system (madvise MADV_DONTNEED over the page-aligned
+  // interior of each run of adjacent rejected experts); they read as zeros from then on, and
+  // the kernels never read them (an ExpertExchange sends their rows to their owners). MXFP4
+  // experts are views of the mapped file, whose unread pages take no memory: untouched.
+  // Returns the bytes released.
+  int64_t release_routed_experts(const std::function<bool(int64_t expert)>& keep);
   float* data() { return buffer_.data<float>(); }  // [layout().total_floats()]
   const float* data() const { return buffer_.data<float>(); }
   int64_t size() const { return layout_.total_floats(); }

@@ -25,6 +25,7 @@ nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, cons
   Acc all;
   std::vector<Trajectory> ts;
   std::vector<ArithItem> items;
+  nlohmann::json per_problem = nlohmann::json::array();
   auto flush = [&]() {
     if (ts.empty()) return;
     std::vector<Trajectory*> ptr;
@@ -37,18 +38,21 @@ nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, cons
       const ArithItem& it = items[p];
       Acc& b = buckets[Key{it.problem.digits, it.problem.op, int(it.effort), it.tool}];
       bool any = false;
+      int64_t n_ok = 0;
       for (int64_t s = 0; s < o.samples; ++s) {
         const Trajectory& t = ts[p * size_t(o.samples) + size_t(s)];
         const bool over = t.finish == "budget";
         const Verdict v = t.responses.empty() ? Verdict::malformed : verify_answer(t.responses.back(), t.answer);
         const bool ok = !over && v == Verdict::correct;
         any |= ok;
+        n_ok += ok;
         for (Acc* a : {&b, &all}) {
           a->samples++, a->correct += ok, a->tokens += t.generated, a->over += over;
           a->answers++, a->calls += t.tool_calls, a->ok += t.tool_ok;
         }
       }
       for (Acc* a : {&b, &all}) a->problems++, a->any += any;
+      per_problem.push_back({it.problem.digits, std::string(1, it.problem.op), chat::effort_name(it.effort), it.tool, n_ok});
     }
     ts.clear();
     items.clear();
@@ -62,7 +66,7 @@ nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, cons
       t.answer = it.problem.answer();
       t.effort = it.effort;
       t.tool = it.tool;
-      t.budget = o.budget(it.effort);
+      t.budget = o.budget(it.effort, it.tool);
       ts.push_back(std::move(t));
     }
     if (int64_t(ts.size()) >= o.batch) flush();
@@ -70,6 +74,7 @@ nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, cons
   flush();
   nlohmann::json out;
   out["overall"] = all.json(o.samples);
+  out["per_problem"] = per_problem;
   out["buckets"] = nlohmann::json::array();
   for (const auto& [k, a] : buckets) {
     nlohmann::json j = a.json(o.samples);

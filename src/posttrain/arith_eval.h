@@ -18,14 +18,18 @@ namespace k3 {
 
 struct ArithEvalOptions {
   int64_t samples = 8;  // k
-  std::function<int64_t(chat::Effort)> budget;
+  std::function<int64_t(chat::Effort, bool tool)> budget;
   int max_tool_rounds = 2;
   uint64_t seed = 12345;
   int64_t batch = 32;   // trajectories decoded together
 };
 
 // {"overall": {...}, "buckets": [{"digits", "op", "effort", "tool", "problems", "pass@1",
-//  "pass@k", "k", "mean_tokens", "over_budget", "tool_calls_per_answer", "tool_success"}...]}
+//  "pass@k", "k", "mean_tokens", "over_budget", "tool_calls_per_answer", "tool_success"}...],
+//  "per_problem": [[digits, op, effort, tool, correct samples of k], ...] in problem order}
+// (per_problem gives standard errors clustered by problem, and paired differences between
+// two models evaluated on the same problems with the same draws).
+
 nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, const ArithFamily& f,
                               const ArithEvalOptions& o);
 

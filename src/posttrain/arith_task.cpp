@@ -157,12 +157,25 @@ std::string pretrain_document(const ArithProblem& p) {
 
 namespace k3 {
 
+int64_t arith_band_count(const ArithFamily& f) {
+  return f.bands.empty() ? int64_t(f.digits.size() * f.ops.size()) : int64_t(f.bands.size());
+}
+
 ArithItem arith_item(const ArithFamily& f, int64_t i) {
   ArithItem it;
   i %= f.problems;  // a family of `problems` distinct items, cycled
-  const int64_t nd = int64_t(f.digits.size()), no = int64_t(f.ops.size()), ne = int64_t(f.efforts.size());
-  it.problem = make_problem(f.digits[size_t(i % nd)], f.ops[size_t((i / nd) % no)], mix64(f.seed) + uint64_t(i));
-  it.effort = f.efforts[size_t((i / (nd * no) + i) % ne)];
+  // Band b = i % n in round q = i / n gets effort (q + b) % |efforts|: every band meets every
+  // effort whatever n is. (The formula was (q + i) % |efforts| before the curriculum; the two
+  // agree whenever n is a multiple of |efforts|, as in every demo config, n = 6 for 3 efforts.)
+  const int64_t ne = int64_t(f.efforts.size()), n = arith_band_count(f), q = i / n, b = i % n;
+  if (!f.bands.empty()) {
+    const ArithBand& band = f.bands[size_t(b)];
+    it.problem = make_problem(band.digits, band.op, mix64(f.seed) + uint64_t(i));
+  } else {
+    const int64_t nd = int64_t(f.digits.size()), no = int64_t(f.ops.size());
+    it.problem = make_problem(f.digits[size_t(i % nd)], f.ops[size_t((i / nd) % no)], mix64(f.seed) + uint64_t(i));
+  }
+  it.effort = f.efforts[size_t((q + b) % ne)];
   it.tool = double(mix64(f.seed * 7919 + uint64_t(i)) % 1000000) < f.tool_share * 1e6;
   return it;
 }
@@ -186,8 +199,27 @@ ArithFamily parse_arith_family(const nlohmann::json& j, const std::string& file,
   }
   rd.get("tool_share", f.tool_share);
   rd.get("problems", f.problems);
+  int64_t per_band = 0;
+  const bool has_per_band = rd.get("problems_per_band", per_band);
+  std::vector<std::string> bands;
+  const bool has_bands = rd.get("bands", bands);
   rd.get("seed", f.seed);
   rd.finish();
+  if (has_bands) {
+    if (j.contains("digits") || j.contains("ops")) rd.bad("bands", "give either bands or digits/ops, not both");
+    if (bands.empty()) rd.bad("bands", "must list at least one band such as \"2+\"");
+    for (size_t k = 0; k < bands.size(); ++k) {
+      const std::string& b = bands[k];
+      const std::string at = rd.field("bands") + "[" + std::to_string(k) + "]";
+      if (b.size() != 2 || b[0] < '1' || b[0] > '9' || (b[1] != '+' && b[1] != '*'))
+        fail_input(file, at, "'" + b + "' is not a band <digits><op> (digits 1..9, op + or *), e.g. \"2+\"");
+      f.bands.push_back({b[0] - '0', b[1]});
+    }
+  }
+  if (has_per_band) {
+    if (j.contains("problems")) rd.bad("problems_per_band", "give either problems or problems_per_band, not both");
+    if (per_band < 1) rd.bad("problems_per_band", "must be at least 1");
+  }
   if (f.digits.empty()) rd.bad("digits", "must list at least one digit count");
   for (int d : f.digits)
     if (d < 1 || d > 9) rd.bad("digits", "each entry must be in 1..9");
@@ -197,6 +229,7 @@ ArithFamily parse_arith_family(const nlohmann::json& j, const std::string& file,
   if (f.efforts.empty()) rd.bad("efforts", "must list at least one effort");
   if (f.tool_share < 0 || f.tool_share > 1) rd.bad("tool_share", "must be in [0, 1]");
   if (f.problems < 1) rd.bad("problems", "must be at least 1");
+  if (has_per_band) f.problems = per_band * arith_band_count(f);
   return f;
 }
 

@@ -44,13 +44,23 @@ std::string pretrain_document(const ArithProblem& p);
 namespace k3 {
 
 // A family of problems ("arithmetic" in sft.json / rl.json): problem i of the family is
-// make_problem(digits[i % |digits|], ops[(i / |digits|) % |ops|], seed + i), at effort
-// efforts[i % |efforts|] (offset so effort and digits vary independently), with the tool on a
+// make_problem(digits[i % |digits|], ops[(i / |digits|) % |ops|], seed + i), in band
+// b = i % n of n = |digits| * |ops|, at effort efforts[(i / n + b) % |efforts|] (so every
+// band meets every effort), with the tool on a
 // tool_share of problems (seeded); item indices cycle over the `problems` items. Held-out
 // problems come from another seed.
+// Curriculum: `bands` ("2+", "3*": operand digits x operator, the evaluation's bands) replaces
+// the digits x ops product with exactly these bands, problem i in bands[i % |bands|] (RL on
+// the band at the edge of competence, K3_REFERENCE section 12); `problems_per_band` sets
+// problems = that many times the number of bands, so each band has the same count.
+struct ArithBand {
+  int digits = 1;
+  char op = '+';
+};
 struct ArithFamily {
   std::vector<int> digits = {1, 2, 3};
   std::string ops = "+*";
+  std::vector<ArithBand> bands;  // non-empty: these bands instead of digits x ops
   std::vector<chat::Effort> efforts = {chat::Effort::low, chat::Effort::high, chat::Effort::max};
   double tool_share = 0.0;
   int64_t problems = 1000;
@@ -62,6 +72,7 @@ struct ArithItem {
   bool tool = false;
 };
 ArithItem arith_item(const ArithFamily& f, int64_t i);
+int64_t arith_band_count(const ArithFamily& f);  // |bands|, else |digits| * |ops|
 
 class ConfigReader;
 // Reads an "arithmetic" object (fields as in ArithFamily; efforts by name).

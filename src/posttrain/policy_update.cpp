@@ -98,7 +98,8 @@ UpdateStats PolicyUpdater::step(int64_t n, const SequenceBody& body, double lr) 
   return st;
 }
 
-void PolicyUpdater::save(const std::string& dir, const Vocabulary& vocab, const nlohmann::json& state) const {
+void PolicyUpdater::save(const std::string& dir, const Vocabulary& vocab, const nlohmann::json& state,
+                         const std::function<void(const std::string& tmp)>& extra) const {
   std::vector<float> moments;
   impl_->optim->get_state(moments);
   nlohmann::json j;
@@ -117,6 +118,7 @@ void PolicyUpdater::save(const std::string& dir, const Vocabulary& vocab, const 
     write_file_atomic((fs::path(tmp) / "optimizer.bin").string(), [&](std::FILE* f) {
       std::fwrite(moments.data(), sizeof(float), moments.size(), f);
     });
+    if (extra) extra(tmp);
   };
   save_checkpoint(dir, model_.weights(), so);
 }

@@ -52,8 +52,10 @@ class PolicyUpdater {
   TrainScratch& scratch(int t);
   K3Model& model() { return model_; }
 
-  // Saves DIR (see above); `state` is stored under "state" in posttrain_state.json.
-  void save(const std::string& dir, const Vocabulary& vocab, const nlohmann::json& state) const;
+  // Saves DIR (see above); `state` is stored under "state" in posttrain_state.json; `extra`
+  // writes the caller's further files into the temporary directory before it replaces DIR.
+  void save(const std::string& dir, const Vocabulary& vocab, const nlohmann::json& state,
+            const std::function<void(const std::string& tmp)>& extra = {}) const;
   // Loads the optimiser moments and returns the caller's state from DIR (written by save);
   // the weights must already be the checkpoint's (load_model(dir)). k3::Error naming the file
   // and field for a missing, malformed or mismatched state.

@@ -13,6 +13,7 @@
 #include "posttrain/arith_eval.h"
 #include "posttrain/config_reader.h"
 #include "posttrain/rollout.h"
+#include "posttrain/rollout_io.h"
 #include "posttrain/sft.h"
 #include "posttrain/token_grad.h"
 #include "train/metrics.h"
@@ -62,6 +63,15 @@ RLConfig load_rl_config(const std::string& path) {
     br.get("high", c.budget_high);
     br.get("max", c.budget_max);
     br.finish();
+  }
+  if (const nlohmann::json* b = rd.sub("tool_budgets")) {
+    ConfigReader br(*b, path, "tool_budgets");
+    br.get("low", c.tool_budget_low);
+    br.get("high", c.tool_budget_high);
+    br.get("max", c.tool_budget_max);
+    br.finish();
+    for (const char* k : {"low", "high", "max"})
+      if (b->contains(k) && (*b)[k].get<int64_t>() < 1) br.bad(k, "must be at least 1");
   }
   rd.get("lambda", c.lambda);
   std::string loss = "dapo";
@@ -121,19 +131,22 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
   MetricsLog metrics;
   make_directories(o.out_dir);
   const std::string mpath = (fs::path(o.out_dir) / "metrics.jsonl").string();
+  std::vector<Trajectory> buffer;  // every trajectory not yet trained on (partial rollouts)
   if (o.resume) {
     const nlohmann::json st = up.load_state(ckpt);
     if (st.value("kind", "") != "rl") fail_input(ckpt + "/posttrain_state.json", "state.kind", "is not an RL checkpoint");
     if (st.value("config", "") != cfg_fp) fail_input(c.path, "", "differs from the config the checkpoint in " + ckpt + " was trained with");
     step = st.at("step").get<int64_t>();
+    buffer = load_rollouts(ckpt, model);
+    if (int64_t(buffer.size()) != st.value("buffered", int64_t(0)))
+      fail_input(ckpt + "/posttrain_state.json", "state.buffered", "differs from the trajectories in rollouts.json");
     metrics.open(mpath, step);
-    metrics.write({{"type", "resume"}, {"step", step}, {"dropped_partial", st.value("buffered", 0)}});
+    metrics.write({{"type", "resume"}, {"step", step}, {"restored_partial", buffer.size()}});
   } else {
     metrics.open(mpath);
     metrics.write({{"type", "run"}, {"kind", "rl"}, {"model", c.model}, {"loss", rl_loss_name(c.loss.kind)},
                    {"lambda", c.lambda}, {"group_size", c.group_size}, {"threads", up.threads()}});
   }
-  std::vector<Trajectory> buffer;  // every trajectory not yet trained on (partial rollouts)
   RolloutOptions ro;
   ro.seed = c.seed;
   ro.max_tool_rounds = c.max_tool_rounds;
@@ -142,10 +155,11 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
     if (!c.eval) return;
     ArithEvalOptions eo;
     eo.samples = c.eval_samples;
-    eo.budget = [&](chat::Effort e) { return c.budget(e); };
+    eo.budget = [&](chat::Effort e, bool tool) { return c.budget(e, tool); };
     eo.max_tool_rounds = c.max_tool_rounds;
     const auto t0 = std::chrono::steady_clock::now();
     nlohmann::json r = evaluate_arith(model, vocab, *c.eval, eo);
+    r.erase("per_problem");  // metrics.jsonl keeps the buckets; `k3cpp rl --eval` prints it all
     r["type"] = "eval";
     r["step"] = at;
     r["seconds"] = seconds_since(t0);
@@ -155,7 +169,8 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
                    r["overall"]["pass@1"].get<double>(), (long long)c.eval_samples, r["overall"]["pass@k"].get<double>());
   };
   auto save = [&]() {
-    up.save(ckpt, voc, {{"kind", "rl"}, {"step", step}, {"config", cfg_fp}, {"buffered", int64_t(buffer.size())}});
+    up.save(ckpt, voc, {{"kind", "rl"}, {"step", step}, {"config", cfg_fp}, {"buffered", int64_t(buffer.size())}},
+            [&](const std::string& tmp) { save_rollouts(tmp, buffer); });
   };
   if (step == 0 && c.eval_every > 0) eval_now(0);
   RLResult res;
@@ -170,7 +185,7 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
         Trajectory t = make_trajectory(prompt_conversation(it.problem, it.effort, it.tool), vocab,
                                        uint64_t(item) * 4096 + uint64_t(g));
         t.group = item, t.item = item, t.answer = it.problem.answer(), t.effort = it.effort, t.tool = it.tool;
-        t.budget = c.budget(it.effort);
+        t.budget = c.budget(it.effort, it.tool);
         buffer.push_back(std::move(t));
       }
     }

@@ -17,9 +17,11 @@
 // older policy (partial rollouts) moves the policy by a bounded amount, and long and short
 // replies weigh by their tokens; the mirror-descent loss regularises the sequence log-ratio
 // sum_t log(pi/pi_old), which grows with length and has no per-token bound.
-// Checkpoint (policy_update.h) every checkpoint_every steps and at the end; --resume continues
-// exactly when the buffer is empty at the checkpoint (lambda = 1); with partial rollouts the
-// unfinished trajectories are not saved (they are dropped, and the metrics say how many).
+// Checkpoint (policy_update.h) every checkpoint_every steps and at the end, with the partial
+// rollouts in the buffer (posttrain/rollout_io.h: tokens, behaviour logprobs, versions, the
+// decode state itself), so --resume continues exactly, bitwise, at any lambda.
+// Curriculum: the prompts are the "arithmetic" family, which may name bands ("bands":
+// ["2+", "3+"], operand digits x operator) to train only where the model is at the edge.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -40,6 +42,11 @@ struct RLConfig {
   int64_t eval_every = 0, eval_samples = 4;
   int64_t steps = 20, prompts_per_step = 4, group_size = 8;
   int64_t budget_low = 24, budget_high = 96, budget_max = 192;
+  // Budgets of prompts that declare the calculator ("tool_budgets"; -1: the same as budgets).
+  // Every token the model draws counts, the call's markup included (tool results do not: the
+  // environment wrote them); a call has a fixed cost in tokens (about 50 in the demo's
+  // vocabulary) that no effort shortens, so tool prompts get their own, larger budgets.
+  int64_t tool_budget_low = -1, tool_budget_high = -1, tool_budget_max = -1;
   double lambda = 1.0;                // partial rollouts: fraction finished before a step proceeds
   PolicyLossOptions loss;
   RewardOptions reward;
@@ -49,8 +56,11 @@ struct RLConfig {
   int max_tool_rounds = 2;
   int64_t checkpoint_every = 10, log_every = 1;
   uint64_t seed = 1;
-  int64_t budget(chat::Effort e) const {
-    return e == chat::Effort::low ? budget_low : e == chat::Effort::high ? budget_high : budget_max;
+  int64_t budget(chat::Effort e, bool tool = false) const {
+    const int64_t b = e == chat::Effort::low ? budget_low : e == chat::Effort::high ? budget_high : budget_max;
+    if (!tool) return b;
+    const int64_t tb = e == chat::Effort::low ? tool_budget_low : e == chat::Effort::high ? tool_budget_high : tool_budget_max;
+    return tb > 0 ? tb : b;
   }
 };
 RLConfig load_rl_config(const std::string& path);

@@ -8,6 +8,8 @@
 //  - a rank that exits without MPI_Finalize ends the job the same way;
 //  - a rank that hangs makes the others abort at --comm-timeout, naming the collective;
 //  - --dp without mpirun, and mpirun without --dp, are refused with one line.
+//  - `generate --ep 2` and `--ep 4` print the single process's tokens, with MXFP4 experts and
+//    with plain ones (each rank then releases the memory of the others' experts).
 //  - expert parallel (`--ep 2`): the job logs and records (comm_stats.json) the bytes of its
 //    token dispatch, equal to the rows it sent to the other rank's experts x 16 (the latent
 //    width) x 4; stopped at step 4 and resumed as one process of 2 threads it ends bitwise
@@ -94,6 +96,12 @@ std::string write_job_files(const std::string& dir) {
       R"([{"name": "s1", "seq_len": 32, "tokens": 2048, "lr_peak": 0.01, "lr_end": 0.002, "decay_frac": 0.5}])");
   run["eval_every"] = 0, run["eval_tokens"] = 256, run["checkpoint_every"] = 2;
   return write_run_files(dir, run);
+}
+
+int count_lines_with(const std::string& text, const std::string& piece) {
+  int n = 0;
+  for (size_t p = text.find(piece); p != std::string::npos; p = text.find(piece, p + 1)) ++n;
+  return n;
 }
 
 }  // namespace
@@ -199,6 +207,21 @@ TEST(DistJobs, ExpertParallelGenerateEqualsOneProcess) {
     ASSERT_EQ(ep.rc, 0) << ep.out;
     EXPECT_EQ(ep.out, one.out) << np << " ranks";  // rank 0 alone prints
   }
+  // Plain (f32) experts: each rank converts only its own and gives the others' memory back;
+  // the tokens are still the single process's.
+  TempDir t("k3_dist_jobs");
+  Job init = sh(shell_quote(K3_CLI_PATH) + " init " + shell_quote(std::string(K3_SOURCE_DIR) + "/configs/tiny.json") + " " +
+                shell_quote(t.sub("plain")) + " --seed 2 --experts plain");
+  ASSERT_EQ(init.rc, 0) << init.out;
+  const std::string pargs = " generate " + shell_quote(t.sub("plain")) + " --ids 1,2,3,4,5 --max-tokens 12 --ids-out --threads 1";
+  Job pone = sh(shell_quote(K3_CLI_PATH) + pargs, 60, true);
+  ASSERT_EQ(pone.rc, 0) << pone.out;
+  const std::string err = t.sub("ep.err");
+  Job pep = sh("sh -c " + shell_quote(mpirun(2) + " " + shell_quote(K3_CLI_PATH) + pargs + " --ep 2 2>" + shell_quote(err)),
+               60, true);
+  ASSERT_EQ(pep.rc, 0) << pep.out << slurp(err);
+  EXPECT_EQ(pep.out, pone.out);
+  EXPECT_EQ(count_lines_with(slurp(err), "of the routed experts other ranks compute"), 2) << slurp(err);
 }
 
 TEST(DistJobs, ExpertParallelJobCountsItsDispatchAndResumesAsOneProcess) {

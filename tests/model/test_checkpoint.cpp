@@ -6,6 +6,7 @@
 // loaded from disk computing the same logits as the one it was saved from.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -369,4 +370,44 @@ TEST(Checkpoint, Bf16DenseWeightsKeptAsStoredGiveTheWidenedLogits) {
   m.forward(pa.data(), long_ids.data(), TL, qa, s);
   f.forward(pb.data(), long_ids.data(), TL, qb, s);
   test::expect_close(pa.data(), pb.data(), TL * V, 1e-5, 1e-5, "prefill, bf16 as stored vs widened");
+}
+
+// Expert-parallel loading (LoadOptions::keep_expert): every tensor but the rejected routed
+// experts equals the whole load bitwise; the rejected ones are not converted (zeros) and their
+// pages are given back: at least their bytes less two pages per MoE layer (a run's unaligned
+// ends), at most their bytes plus the alignment padding inside the run.
+TEST(Checkpoint, KeptExpertsLoadAsTheWholeCheckpointAndTheOthersAreReleased) {
+  TempDir t;
+  K3Config c = small_config();
+  c.moe_intermediate_size = 256;  // experts of several pages each
+  const WeightStore w = init_weights(c, {3});
+  save_checkpoint(t.sub("ck"), w);
+  const CheckpointReader ck = CheckpointReader::open(t.sub("ck"));
+  const WeightStore full = load_weights(ck, c);
+  LoadOptions lo;
+  lo.keep_expert = [&](int64_t e) { return e >= c.num_experts / 2; };  // the second rank's half
+  std::string line;
+  lo.log = [&](const std::string& l) { line += l; };
+  const WeightStore part = load_weights(ck, c, lo);
+  const ParamLayout& lay = full.layout();
+  int64_t rejected = 0, moe_layers = 0, last_layer = -1;
+  for (size_t i = 0; i < lay.size(); ++i) {
+    const ParamSpec& s = lay.spec(i);
+    const float *a = full.param(i), *b = part.param(i);
+    if (s.component == Component::RoutedExperts && !lo.keep_expert(s.expert)) {
+      rejected += s.numel() * 4;
+      if (s.layer != last_layer) ++moe_layers, last_layer = s.layer;
+      EXPECT_TRUE(std::all_of(b, b + s.numel(), [](float v) { return v == 0.f; })) << s.name;
+      continue;
+    }
+    EXPECT_EQ(std::memcmp(a, b, size_t(s.numel()) * 4), 0) << s.name;
+  }
+  ASSERT_GT(moe_layers, 0);
+  const size_t p = line.find("released "), q = line.find(" bytes");
+  ASSERT_NE(p, std::string::npos) << line;
+  const int64_t released = std::stoll(line.substr(p + 9, q - p - 9));
+  const int64_t page = ::sysconf(_SC_PAGESIZE);
+  EXPECT_GE(released, rejected - 2 * page * moe_layers) << line;
+  EXPECT_LE(released, rejected + 3 * 64 * (c.num_experts / 2) * moe_layers) << line;
+  EXPECT_NE(line.find("routed experts other ranks compute"), std::string::npos) << line;
 }

@@ -6,11 +6,13 @@
 
 #include <cmath>
 #include <random>
+#include <set>
 
 #include "common/fixture.h"
 #include "core/threads.h"
 #include "io/chat_render.h"
 #include "model/checkpoint.h"
+#include "posttrain/arith_eval.h"
 #include "posttrain/arith_task.h"
 #include "posttrain/chat_tokens.h"
 #include "posttrain/rl.h"
@@ -211,4 +213,32 @@ TEST(Rollout, ToolResultsAreAppendedAsMaskedTokens) {
   EXPECT_TRUE(t.finished);
   EXPECT_GT(t.generated, int64_t(turn.size()));
   EXPECT_EQ(t.gen[t.ids.size() - 1], 1);
+}
+
+// Prompts that declare the calculator run under tool_budgets (a call's markup counts, so a
+// tool reply needs more tokens than a plain one at the same effort); the others under
+// budgets. The random policy never closes its reply, so each sample's length is its budget.
+TEST(Rollout, ToolPromptsRunUnderTheirOwnBudgets) {
+  const K3Model m = load_tiny();
+  RLConfig c;
+  c.budget_low = 3, c.budget_high = 4, c.budget_max = 5;
+  c.tool_budget_low = 7, c.tool_budget_high = 8;  // max not given: the effort's budget
+  ArithFamily f;
+  f.bands = {{1, '+'}};
+  f.tool_share = 0.5;
+  f.problems = 12;
+  ArithEvalOptions eo;
+  eo.samples = 1;
+  eo.budget = [&](chat::Effort e, bool tool) { return c.budget(e, tool); };
+  const nlohmann::json r = evaluate_arith(m, vocab(), f, eo);
+  std::set<std::pair<std::string, bool>> seen;
+  for (const auto& b : r["buckets"]) {
+    const std::string e = b["effort"];
+    const bool tool = b["tool"];
+    seen.insert({e, tool});
+    const int64_t want = e == "low" ? (tool ? 7 : 3) : e == "high" ? (tool ? 8 : 4) : 5;
+    EXPECT_EQ(b["mean_tokens"].get<double>(), double(want)) << e << " tool " << tool;
+    EXPECT_EQ(b["over_budget"].get<double>(), 1.0);
+  }
+  EXPECT_GE(seen.size(), 5u);  // low and high with and without the tool, and max
 }

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "common/fixture.h"
 #include "core/error.h"
@@ -77,12 +78,33 @@ TEST(PosttrainRuns, SftResumesExactly) {
   fs::remove_all(d);
 }
 
-TEST(PosttrainRuns, RlResumesExactly) {
+// The step records of metrics.jsonl without their wall times.
+std::vector<nlohmann::json> step_records(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream m(path);
+  for (std::string line; std::getline(m, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j["type"] != "step") continue;
+    for (const char* k : {"seconds", "rollout_seconds", "update_seconds"}) j.erase(k);
+    out.push_back(j);
+  }
+  return out;
+}
+
+// Partial rollouts (lambda 0.5) across a checkpoint: the run stopped after step 1 with
+// trajectories mid-decode in its buffer and resumed ends bitwise where the run that never
+// stopped does (weights, optimiser, every step's metrics). Seed 4 makes some replies end
+// early on this random model, so groups have reward variance and steps 2-3 train, partly on
+// tokens drawn before the checkpoint (stale_tokens > 0); a restored group is trained, so the
+// saved decode state matters (checked by hand: zeroing the restored KDA states on load changes
+// the final weights at this seed).
+TEST(PosttrainRuns, RlResumesExactlyWithPartialRollouts) {
   const std::string d = tmp_dir("rl");
   const std::string rl = R"({"model": ")" + test::data_path("k3-release-tiny") + R"(",
-    "arithmetic": {"digits": [1], "ops": "+", "problems": 50, "tool_share": 0.5},
-    "steps": 2, "prompts_per_step": 2, "group_size": 3, "budgets": {"low": 6, "high": 10, "max": 14},
-    "lr": 1e-3, "threads": 2, "kl_coef": 0.05, "format_penalty": 0.7})";
+    "arithmetic": {"bands": ["1+"], "problems": 50, "tool_share": 0.5},
+    "steps": 3, "prompts_per_step": 3, "group_size": 4, "budgets": {"low": 20, "high": 30, "max": 40},
+    "tool_budgets": {"low": 25, "high": 35, "max": 45}, "lambda": 0.5, "checkpoint_every": 1,
+    "lr": 1e-3, "threads": 1, "kl_coef": 0.05, "format_penalty": 0.7, "seed": 4})";
   const RLConfig c = load_rl_config(write(d, "rl.json", rl));
   RLOptions o;
   o.quiet = true;
@@ -91,23 +113,44 @@ TEST(PosttrainRuns, RlResumesExactly) {
   o.out_dir = d + "/split";
   o.stop_at_step = 1;
   run_rl(c, o);
+  // The stop left trajectories mid-decode; they are in the checkpoint.
+  const nlohmann::json st = nlohmann::json::parse(file_bytes(d + "/split/checkpoint/posttrain_state.json"));
+  ASSERT_GT(st["state"]["buffered"].get<int64_t>(), 0);
+  ASSERT_TRUE(fs::exists(d + "/split/checkpoint/rollouts.bin"));
   o.resume = true;
   o.stop_at_step = -1;
-  EXPECT_EQ(run_rl(c, o).steps, 2);
+  EXPECT_EQ(run_rl(c, o).steps, 3);
+  const std::vector<nlohmann::json> whole = step_records(d + "/whole/metrics.jsonl"),
+                                    split = step_records(d + "/split/metrics.jsonl");
+  ASSERT_EQ(whole.size(), 3u);
+  ASSERT_EQ(split.size(), 3u);
+  int64_t kept = 0, stale = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(whole[i].dump(), split[i].dump()) << "step " << i + 1;
+    kept += whole[i]["kept"].get<int64_t>(), stale += whole[i]["stale_tokens"].get<int64_t>();
+  }
+  EXPECT_GT(kept, 0);   // the weights moved
+  EXPECT_GT(stale, 0);  // tokens of an older policy were trained on
   EXPECT_EQ(file_bytes(d + "/whole/checkpoint/model.safetensors"), file_bytes(d + "/split/checkpoint/model.safetensors"));
   EXPECT_EQ(file_bytes(d + "/whole/checkpoint/optimizer.bin"), file_bytes(d + "/split/checkpoint/optimizer.bin"));
-  // A corrupted optimiser state is refused with the file named.
-  {
-    std::fstream f(d + "/split/checkpoint/optimizer.bin", std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(8);
-    f.put('\x7f');
-  }
-  o.stop_at_step = 3;
-  try {
-    run_rl(c, o);
-    ADD_FAILURE() << "corrupted state accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("optimizer.bin"), std::string::npos) << e.what();
+  EXPECT_EQ(file_bytes(d + "/whole/checkpoint/rollouts.json"), file_bytes(d + "/split/checkpoint/rollouts.json"));
+  // A corrupted optimiser state or rollout buffer is refused with the file named.
+  for (const char* f : {"optimizer.bin", "rollouts.bin"}) {
+    fs::remove_all(d + "/bad");
+    fs::copy(d + "/split", d + "/bad", fs::copy_options::recursive);
+    {
+      std::fstream b(d + "/bad/checkpoint/" + f, std::ios::in | std::ios::out | std::ios::binary);
+      b.seekp(8);
+      b.put('\x7f');
+    }
+    o.out_dir = d + "/bad";
+    o.stop_at_step = 4;
+    try {
+      run_rl(c, o);
+      ADD_FAILURE() << "corrupted " << f << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    }
   }
   fs::remove_all(d);
 }
@@ -133,6 +176,31 @@ TEST(PosttrainRuns, BadConfigsAreOneClearError) {
   EXPECT_NE(err(R"({"model": "x", "arithmetic": {"efforts": ["medium"]}})", true).find("medium"), std::string::npos);
   EXPECT_NE(err(R"({"model": "x", "arithmetic": {}, "budgets": {"low": 0}})", true).find("budgets"), std::string::npos);
   EXPECT_NE(err("{not json", true).find("c.json"), std::string::npos);
+  // The curriculum's bands and the tool budgets.
+  EXPECT_NE(err(R"({"model": "x", "arithmetic": {"bands": ["2+", "4-"]}})", true).find("arithmetic.bands[1]"), std::string::npos);
+  EXPECT_NE(err(R"({"model": "x", "arithmetic": {"bands": []}})", true).find("arithmetic.bands"), std::string::npos);
+  EXPECT_NE(err(R"({"model": "x", "arithmetic": {"bands": ["2+"], "digits": [2]}})", true).find("not both"), std::string::npos);
+  EXPECT_NE(err(R"({"model": "x", "arithmetic": {}, "eval": {"problems": 4, "problems_per_band": 2}})", true)
+                .find("eval.problems_per_band"), std::string::npos);
+  EXPECT_NE(err(R"({"model": "x", "arithmetic": {}, "tool_budgets": {"low": 0}})", true).find("tool_budgets.low"), std::string::npos);
+  EXPECT_NE(err(R"({"model": "x", "arithmetic": {}, "tool_budgets": {"lo": 9}})", true).find("tool_budgets.lo: unknown field"), std::string::npos);
+  {
+    const RLConfig c = load_rl_config(write(d, "ok.json", R"({"model": "x", "arithmetic": {"bands": ["3+", "2*"]},
+      "eval": {"bands": ["2+"], "problems_per_band": 7, "efforts": ["high", "max"]},
+      "budgets": {"low": 48, "high": 128, "max": 320}, "tool_budgets": {"low": 112}})"));
+    EXPECT_EQ(c.eval->problems, 7);
+    EXPECT_EQ(c.budget(chat::Effort::low, false), 48);
+    EXPECT_EQ(c.budget(chat::Effort::low, true), 112);
+    EXPECT_EQ(c.budget(chat::Effort::high, true), 128);  // not given: the effort's budget
+    // The curriculum: only the named bands, every band equally often, efforts crossed with bands.
+    std::map<std::string, int> seen;
+    for (int64_t i = 0; i < 8; ++i) {
+      const ArithItem it = arith_item(c.train, i);
+      seen[std::to_string(it.problem.digits) + it.problem.op + chat::effort_name(it.effort)]++;
+      EXPECT_EQ(it.problem.expression().size(), it.problem.op == '+' ? 7u : 5u);  // 3+3 or 2*2 digits
+    }
+    EXPECT_EQ(seen.size(), 6u);  // {3+, 2*} x {low, high, max}
+  }
   fs::remove_all(d);
 }
 
