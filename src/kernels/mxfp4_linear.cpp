@@ -22,6 +22,19 @@ namespace {
 
 using DU8 = hn::Rebind<uint8_t, DI>;  // L bytes, widened to L int32 lanes
 
+// The end of every rows_block: y[t, r0 + r] = the horizontal sum of acc[r][t], added to y's
+// value when accumulating.
+template <int RB, int NT>
+HWY_INLINE void store_rows(float* y, int64_t ldy, int64_t r0, const VF (&acc)[RB][NT], bool accumulate) {
+  const DF d;
+  for (int r = 0; r < RB; ++r)
+    for (int t = 0; t < NT; ++t) {
+      const float v = HSum(d, acc[r][t]);
+      float& dst = y[t * ldy + r0 + r];
+      dst = accumulate ? dst + v : v;
+    }
+}
+
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 // The signed table times the scale; the code indexes it directly.
 struct Lut {
@@ -142,12 +155,7 @@ HWY_INLINE void rows_block(float* y, int64_t ldy, const float* xs, const uint8_t
       for (int t = 0; t < NT; ++t) acc[r][t] = hn::MulAdd(SPLIT ? hn::Add(ge[r][t], go[r][t]) : ge[r][t], sc, acc[r][t]);
     }
   }
-  for (int r = 0; r < RB; ++r)
-    for (int t = 0; t < NT; ++t) {
-      const float v = HSum(d, acc[r][t]);
-      float& dst = y[t * ldy + r0 + r];
-      dst = accumulate ? dst + v : v;
-    }
+  store_rows<RB, NT>(y, ldy, r0, acc, accumulate);
 }
 
 template <int NT>
@@ -277,12 +285,7 @@ HWY_INLINE void rows_block(float* y, int64_t ldy, const float* xs, const uint8_t
       }
     }
   }
-  for (int r = 0; r < RB; ++r)
-    for (int t = 0; t < NT; ++t) {
-      const float v = HSum(d, acc[r][t]);
-      float& dst = y[t * ldy + r0 + r];
-      dst = accumulate ? dst + v : v;
-    }
+  store_rows<RB, NT>(y, ldy, r0, acc, accumulate);
 }
 
 template <int NT>
@@ -338,12 +341,7 @@ HWY_INLINE void rows_block(float* y, int64_t ldy, const float* xs, const uint8_t
       }
     }
   }
-  for (int r = 0; r < RB; ++r)
-    for (int t = 0; t < NT; ++t) {
-      const float v = HSum(d, acc[r][t]);
-      float& dst = y[t * ldy + r0 + r];
-      dst = accumulate ? dst + v : v;
-    }
+  store_rows<RB, NT>(y, ldy, r0, acc, accumulate);
 }
 
 template <int NT>

@@ -49,4 +49,16 @@ class ConfigReader {
 // Parses the JSON file at `path` (k3::Error naming it when missing or invalid).
 nlohmann::json read_json_file(const std::string& path);
 
+// An object {"low": N, "high": N, "max": N} of token budgets per effort (each optional, each at
+// least 1), as rl.json and distill.json write `budgets` and `tool_budgets`; false when absent.
+inline bool read_effort_budgets(ConfigReader& rd, const char* key, int64_t& low, int64_t& high, int64_t& max) {
+  const nlohmann::json* b = rd.sub(key);
+  if (!b) return false;
+  ConfigReader br(*b, rd.file(), rd.field(key));
+  for (auto [name, out] : {std::pair<const char*, int64_t*>{"low", &low}, {"high", &high}, {"max", &max}})
+    if (br.get(name, *out) && *out < 1) br.bad(name, "must be at least 1");
+  br.finish();
+  return true;
+}
+
 }  // namespace k3

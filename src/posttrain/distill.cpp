@@ -46,13 +46,7 @@ DistillConfig load_distill_config(const std::string& path) {
   rd.get("steps", c.steps);
   rd.get("prompts_per_step", c.prompts_per_step);
   rd.get("samples", c.samples);
-  if (const nlohmann::json* b = rd.sub("budgets")) {
-    ConfigReader br(*b, path, "budgets");
-    br.get("low", c.budget_low);
-    br.get("high", c.budget_high);
-    br.get("max", c.budget_max);
-    br.finish();
-  }
+  read_effort_budgets(rd, "budgets", c.budget_low, c.budget_high, c.budget_max);
   rd.get("lr", c.lr);
   c.lr_end = c.lr;
   rd.get("lr_end", c.lr_end);

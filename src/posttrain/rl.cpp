@@ -57,22 +57,8 @@ RLConfig load_rl_config(const std::string& path) {
   rd.get("steps", c.steps);
   rd.get("prompts_per_step", c.prompts_per_step);
   rd.get("group_size", c.group_size);
-  if (const nlohmann::json* b = rd.sub("budgets")) {
-    ConfigReader br(*b, path, "budgets");
-    br.get("low", c.budget_low);
-    br.get("high", c.budget_high);
-    br.get("max", c.budget_max);
-    br.finish();
-  }
-  if (const nlohmann::json* b = rd.sub("tool_budgets")) {
-    ConfigReader br(*b, path, "tool_budgets");
-    br.get("low", c.tool_budget_low);
-    br.get("high", c.tool_budget_high);
-    br.get("max", c.tool_budget_max);
-    br.finish();
-    for (const char* k : {"low", "high", "max"})
-      if (b->contains(k) && (*b)[k].get<int64_t>() < 1) br.bad(k, "must be at least 1");
-  }
+  read_effort_budgets(rd, "budgets", c.budget_low, c.budget_high, c.budget_max);
+  read_effort_budgets(rd, "tool_budgets", c.tool_budget_low, c.tool_budget_high, c.tool_budget_max);
   rd.get("lambda", c.lambda);
   std::string loss = "dapo";
   rd.get("loss", loss);

@@ -174,7 +174,8 @@ TEST(PosttrainRuns, BadConfigsAreOneClearError) {
   EXPECT_NE(err(R"({"model": "x", "arithmetic": {}, "group_size": 1})", true).find("group_size"), std::string::npos);
   EXPECT_NE(err(R"({"model": "x", "arithmetic": {}, "lambda": 0})", true).find("lambda"), std::string::npos);
   EXPECT_NE(err(R"({"model": "x", "arithmetic": {"efforts": ["medium"]}})", true).find("medium"), std::string::npos);
-  EXPECT_NE(err(R"({"model": "x", "arithmetic": {}, "budgets": {"low": 0}})", true).find("budgets"), std::string::npos);
+  EXPECT_NE(err(R"({"model": "x", "arithmetic": {}, "budgets": {"low": 0}})", true).find("budgets.low: must be at least 1"),
+            std::string::npos);
   EXPECT_NE(err("{not json", true).find("c.json"), std::string::npos);
   // The curriculum's bands and the tool budgets.
   EXPECT_NE(err(R"({"model": "x", "arithmetic": {"bands": ["2+", "4-"]}})", true).find("arithmetic.bands[1]"), std::string::npos);
@@ -237,5 +238,14 @@ TEST(PosttrainRuns, DistillationMovesTheStudentTowardsItsTeachers) {
   std::string bad = cfg;
   bad.replace(bad.find("\"high\""), 6, "\"medium\"");
   EXPECT_THROW(load_distill_config(write(d, "bad.json", bad)), Error);
+  // Budgets are read as rl.json's are: each at least 1, the field named.
+  std::string zero = cfg;
+  zero.replace(zero.find("\"low\": 6"), 8, "\"low\": 0");
+  try {
+    load_distill_config(write(d, "zero.json", zero));
+    ADD_FAILURE() << "a zero budget was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("budgets.low: must be at least 1"), std::string::npos) << e.what();
+  }
   fs::remove_all(d);
 }
