@@ -43,10 +43,18 @@ struct TensorInfo {
   uint64_t nbytes = 0;
 };
 
+// How a header (or index) is read. Walk: one pass of nlohmann's SAX parser that checks keys
+// and captures the entries, building no JSON tree; anything unusual (a wrong type, an extra
+// field in an entry, a failed check) makes it fall back to Tree, which reports the error
+// with its message. Tree: always build the tree (the plain path, which tests compare against).
+// The walk exists for memory: a tree costs about 1.3 KB per tensor while loading
+// (docs/memory-limited.md, "Working memory").
+enum class HeaderParse { Walk, Tree };
+
 // One .safetensors file, mmap'ed read-only. Validates everything before exposing any view.
 class SafetensorsFile {
  public:
-  static std::shared_ptr<SafetensorsFile> open(const std::string& path);
+  static std::shared_ptr<SafetensorsFile> open(const std::string& path, HeaderParse parse = HeaderParse::Walk);
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in file offset order
   const TensorInfo* find(const std::string& name) const;               // nullptr if absent
   Tensor get(const std::string& name) const;  // zero-copy view (see above); k3::Error if absent
@@ -62,7 +70,7 @@ class SafetensorsFile {
   std::shared_ptr<MappedFile> map_;
   uint64_t header_size_ = 0;
   std::vector<TensorInfo> tensors_;
-  std::map<std::string, size_t> index_;  // name -> position in tensors_
+  std::vector<uint32_t> by_name_;  // positions in tensors_, sorted by name
   std::map<std::string, std::string> metadata_;
 };
 
@@ -73,9 +81,9 @@ class SafetensorsFile {
 // across the opened shards are refused.
 class CheckpointReader {
  public:
-  static CheckpointReader open(const std::string& path);
+  static CheckpointReader open(const std::string& path, HeaderParse parse = HeaderParse::Walk);
   std::vector<std::string> names() const;  // sorted
-  bool has(const std::string& name) const { return entries_.count(name) != 0; }
+  bool has(const std::string& name) const { return find(name) != nullptr; }
   const TensorInfo& info(const std::string& name) const;  // k3::Error naming the tensor if absent
   Tensor get(const std::string& name) const;  // zero-copy view (mmap), keeps the file alive
   size_t size() const { return entries_.size(); }
@@ -87,9 +95,10 @@ class CheckpointReader {
     const SafetensorsFile* file;
     const TensorInfo* info;
   };
+  const Entry* find(const std::string& name) const;  // nullptr if absent
   std::string path_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
-  std::map<std::string, Entry> entries_;
+  std::vector<Entry> entries_;  // sorted by name (the names are the files' TensorInfo names)
 };
 
 // Writer: collects tensors (keeping them alive, copying nothing) and writes one file.

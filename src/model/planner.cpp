@@ -119,7 +119,7 @@ uint64_t working_bytes_estimate(const K3Config& c, int64_t tokens) {
   int64_t tensors = 0;
   for (const ParamSpec& s : k3_param_specs(c)) tensors += s.component == Component::RoutedExperts ? 2 : 1;
   return uint64_t(1.1 * per_token * double(std::max<int64_t>(tokens, 1))) + (uint64_t(48) << 20) +
-         uint64_t(tensors) * 1400;
+         uint64_t(tensors) * 640;
 }
 
 TrunkRingPlan TrunkRingPlan::pinned_prefix(int64_t P) const {

@@ -208,12 +208,12 @@ struct StreamProjection {
 // scratch buffers, which grow to the largest call and are kept): per token 4 bytes x (KDA
 // scratch 15 H D + MLA scratch Hm (qk + nope + 4 v) + dense / shared FFN 3 max(I, S F) +
 // 4 d + blocks d + MoE k l + 4 l + E + logits V), plus 10 % and 48 MiB for the allocator,
-// threads and the rest, plus the checkpoint's index while loading: 1400 bytes per stored
+// threads and the rest, plus the checkpoint's index while loading: 640 bytes per stored
 // tensor (routed experts as MXFP4: 6 per expert). That index term is what small models
-// missed: the safetensors header's JSON tree, the tensor table and the expert locations
-// (measured: 51 MB peak RssAnon opening the 37,845-tensor header of the main job's 8-layer,
-// 896-expert model; the freed tree is returned after the load, the peak stays). An
-// estimate, checked by the RssAnon measurements.
+// missed: the tensor table, name indexes and the index's weight_map, built by a header walk
+// with no JSON tree (io/safetensors.h HeaderParse): measured peaks 478-525 bytes per tensor
+// (`bench_checkpoint_open`, one file of 37,845 and 16 shards of 200,000 tensors; the JSON tree
+// took 1,166-1,408). An estimate, checked by the RssAnon measurements.
 uint64_t working_bytes_estimate(const K3Config& c, int64_t tokens);
 // trunk_bytes 0: the config's dense weights in bf16 (as released); slot_bytes 0: expert_bytes.
 StreamProjection project_streaming(const K3Config& c, uint64_t budget, double disk_bytes_per_s,

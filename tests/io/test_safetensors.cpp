@@ -437,6 +437,39 @@ TEST(SafetensorsShards, BadDirectoriesAndIndexes) {
   write_bytes(index, good_index);
   EXPECT_EQ(CheckpointReader::open(dir).size(), 2u);
 
+  // The index walk (no JSON tree) and the tree give the same tensors or the same error.
+  auto reader_outcome = [&](HeaderParse parse) {
+    try {
+      CheckpointReader r = CheckpointReader::open(dir, parse);
+      std::string s = "opened";
+      for (const std::string& n : r.names()) s += " " + n + "@" + r.info(n).file;
+      return s;
+    } catch (const k3::Error& e) {
+      return std::string("error ") + e.what();
+    }
+  };
+  const std::string f1 = "\"model-00001-of-00002.safetensors\"", f2 = "\"model-00002-of-00002.safetensors\"";
+  const std::vector<std::string> indexes = {
+      "{\"weight_map\": {\"q\": " + f2 + ", \"p\": " + f1 + "}}",
+      "{\"metadata\": {\"total_size\": 64, \"x\": [1, -2, 3.5, null, true, {\"y\": []}]}, \"weight_map\": {\"p\": " + f1 +
+          ", \"q\": " + f2 + "}, \"extra\": \"s\"}",
+      "{\"weight_map\": {\"p\": " + f1 + ", \"q\": 5}}",
+      "{\"weight_map\": {\"p\": " + f1 + ", \"q\": [" + f2 + "]}}",
+      "{\"weight_map\": \"model.safetensors\"}",
+      "{\"weight_map\": [" + f1 + "]}",
+      "{\"weight_map\": {}}",
+      "{\"weight_map\": {\"p\": " + f1 + "}, \"metadata\": {\"a\": 1, \"a\": 2}}",
+      "{\"weight_map\": {\"p\": \"/etc/passwd\", \"q\": " + f2 + "}}",
+      "5", "null", "{\"weight_map\": {\"p\": " + f1 + "}} x",
+  };
+  for (const std::string& text : indexes) {
+    set_index(text);
+    EXPECT_EQ(reader_outcome(HeaderParse::Walk), reader_outcome(HeaderParse::Tree)) << text;
+  }
+  set_index(indexes[1]);
+  EXPECT_EQ(reader_outcome(HeaderParse::Walk).rfind("opened p@", 0), 0u) << reader_outcome(HeaderParse::Walk);
+  write_bytes(index, good_index);
+
   // Without an index, a tensor name in two shards is ambiguous.
   std::filesystem::remove(index);
   std::filesystem::copy_file(dir + "/model-00001-of-00002.safetensors", dir + "/copy.safetensors");

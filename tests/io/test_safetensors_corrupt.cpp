@@ -42,9 +42,25 @@ void check_opened(const SafetensorsFile& f) {
   }
 }
 
+// What opening `path` with `parse` gives: the tensor table and metadata, or the error.
+std::string outcome(const std::string& path, HeaderParse parse) {
+  try {
+    auto f = SafetensorsFile::open(path, parse);
+    std::string s = "opened";
+    for (const TensorInfo& t : f->tensors())
+      s += "\n" + t.name + " " + dtype_name(t.dtype) + " " + shape_str(t.shape) + " " + std::to_string(t.offset) + " " +
+           std::to_string(t.nbytes) + " " + t.file;
+    for (const auto& [k, v] : f->metadata()) s += "\nmeta " + k + "=" + v;
+    return s;
+  } catch (const k3::Error& e) {
+    return std::string("error ") + e.what();
+  }
+}
+
 // Opens `path`; true if it opened (and passed check_opened), false on k3::Error naming the
-// file; any other outcome fails the test.
+// file; any other outcome fails the test. The header walk and the JSON tree must agree.
 bool open_or_refuse(const std::string& path, const std::string& what) {
+  EXPECT_EQ(outcome(path, HeaderParse::Walk), outcome(path, HeaderParse::Tree)) << what;
   try {
     auto f = SafetensorsFile::open(path);
     check_opened(*f);
@@ -153,6 +169,7 @@ TEST(SafetensorsCorrupt, MalformedHeadersNameFileAndField) {
     std::vector<std::string> needles = cases[i].needles;
     needles.push_back(path);
     expect_error([&] { SafetensorsFile::open(path); }, needles, "case " + std::to_string(i) + ": " + cases[i].header);
+    EXPECT_EQ(outcome(path, HeaderParse::Walk), outcome(path, HeaderParse::Tree)) << "case " << i;
   }
   // The same refusals reach CheckpointReader callers.
   write_bytes(path, make_st("{" + kEntryA + ", " + kEntryA + "}", 8));
@@ -164,6 +181,7 @@ TEST(SafetensorsCorrupt, ValidEdgeCasesOpen) {
   const std::string path = tmp.file("edge.safetensors");
   auto open = [&](const std::string& header, size_t data) {
     write_bytes(path, make_st(header, data));
+    EXPECT_EQ(outcome(path, HeaderParse::Walk), outcome(path, HeaderParse::Tree)) << header;
     return SafetensorsFile::open(path);
   };
   EXPECT_TRUE(open("{}", 0)->tensors().empty());
