@@ -18,8 +18,10 @@
 //  - Gradients: the owner accumulates each source rank's contribution in its own buffer (as
 //    that rank's thread would in one process), so reduce_gradients can sum them in world
 //    rank order, bit for bit the single process's thread-order sum; with N/G > 1 replicas the
-//    owners' buffers are first all-gathered over the replica communicator. The price: per MoE
-//    layer, G buffers of E/G experts (the size of all the layer's experts) on every rank.
+//    owners' buffers are first all-gathered over the replica communicator (a few experts at a
+//    time). The price: per MoE layer, G - 1 buffers of E/G experts besides the experts' own
+//    gradient (this rank's tokens accumulate there): together the size of all the layer's
+//    experts, as one process of N threads holds a gradient buffer per thread.
 // Byte counts (comm.h) go to this object's communicators, labelled ep.fwd.counts,
 // ep.fwd.dispatch, ep.fwd.combine, ep.bwd.dispatch, ep.bwd.combine and ep.grad.replicas;
 // stats() merges them. MPI only (the sub-communicators are MPI's).
@@ -75,7 +77,8 @@ class CommExpertTraining : public ExpertParallelTraining, public ExpertTrainExch
   std::vector<Frame> frames_;
   size_t depth_ = 0;  // frames in use (MoE layers forwarded and not yet backpropagated)
   std::vector<std::vector<ExpertGrad>> bound_;
-  std::vector<std::vector<float>> acc_;  // per layer: [G sources][E/G experts][w1 | w3 | w2]
+  std::vector<std::vector<float>> acc_;  // per layer: [G - 1 other sources][E/G experts][w1 | w3 | w2]
+  static constexpr int64_t kReplicaChunkBytes = int64_t(8) << 20;  // gathered at once in reduce_gradients
   int64_t n_in_ = 0, F_ = 0;
   std::vector<int64_t> sc_, sd_, rc_, rd_;  // per-peer byte counts and displacements
   std::vector<float> out_, work_, dyr_;  // grow only: steady-state calls do not allocate

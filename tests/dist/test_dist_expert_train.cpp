@@ -212,6 +212,7 @@ std::pair<std::vector<float>, std::vector<float>> stop_and_resume(const std::str
   o.ep = second, o.stop_at_step = -1, o.resume = true;
   Trainer t(load_run_config(run_path), o);
   t.run();
+  t.sync_expert_weights();
   const WeightStore& w = t.model().weights();
   return {std::vector<float>(w.data(), w.data() + w.size()), t.optimizer_state()};
 }
