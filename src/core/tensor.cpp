@@ -93,7 +93,7 @@ Tensor Tensor::zeros_mapped(DType dt, const Shape& shape) {
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   const size_t bytes = t.nbytes();
-  if (bytes < (size_t(1) << 20)) return zeros(dt, shape);
+  if (bytes == 0) return zeros(dt, shape);
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) fail("out of memory mapping " + std::to_string(bytes) + " bytes");
   t.owner_ = std::shared_ptr<void>(p, [bytes](void* q) { ::munmap(q, bytes); });

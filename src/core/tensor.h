@@ -36,7 +36,7 @@ class Tensor {
 
   static Tensor empty(DType dt, const Shape& shape);  // owned, uninitialised
   static Tensor zeros(DType dt, const Shape& shape);  // owned, zero-filled
-  // Owned and zero, from an anonymous mapping (mmap) at 1 MiB and above: a page takes memory
+  // Owned and zero, from an anonymous mapping (mmap; whole pages): a page takes memory
   // only once written, so ranges never written (another rank's experts) cost none, and
   // madvise(MADV_DONTNEED) over written ones gives them back (reading as zeros again).
   static Tensor zeros_mapped(DType dt, const Shape& shape);

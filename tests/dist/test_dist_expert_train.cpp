@@ -9,15 +9,18 @@
 //    rank hands MPI for the dispatch equal the routing's count (rows to other ranks' experts x
 //    n_in x 4), the counts' all-to-all (E/G x 8 per peer), and the combine the rows that
 //    came in.
-//  - Training: N ranks x 1 thread with the experts split (groups of N; at 4 ranks also 2 x 2)
-//    equal one process of N threads, bitwise: every step's loss, gradient norm, summed
+//  - Training: N ranks x 1 thread with the experts split (groups of N; at 4 ranks also 2 x 2),
+//    the trunk's optimiser replicated or sharded over all N ranks (ZeRO-1), equal one process
+//    of N threads, bitwise: every step's loss, gradient norm, summed
 //    gradients, weights (QB router biases included; the trainer also compares the biases
 //    across ranks after every step), evaluations, optimiser state and the checkpoint. Bitwise
 //    because the owner runs each expert on each source rank's rows separately, accumulating
 //    per source, and sums the sources in rank order: the single process's float operations.
+//    Memory: after the run no page inside another rank's experts is resident in a rank's
+//    weight or gradient buffer (mincore), and after gathering them there are such pages.
 //  - Resume: a run stopped at step 2 under one layout and resumed under another (4 ranks:
-//    groups of 4, then 2 x 2; 2 ranks: groups of 2, then plain data parallelism) ends with the
-//    uninterrupted run's weights and optimiser state.
+//    groups of 4, then 2 x 2 with ZeRO-1; 2 ranks: groups of 2, then plain data parallelism
+//    with ZeRO-1) ends with the uninterrupted run's weights and optimiser state.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -188,8 +191,7 @@ TEST(DistRanks, ExpertTrainExchangeEqualsLocalExpertsAndCountsItsBytes) {
 
 namespace {
 
-// The run of the data-parallel test (two stages, evaluations, a checkpoint at step 4), with
-// a replicated optimiser (expert parallelism keeps the trunk's whole on every rank).
+// The run of the data-parallel test (two stages, evaluations, a checkpoint at step 4).
 nlohmann::json ep_run() {
   nlohmann::json run = tiny_run();
   run["stages"] = nlohmann::json::parse(R"([
@@ -202,6 +204,7 @@ nlohmann::json ep_run() {
 
 // Trains to step `stop` under one layout, then resumes to the end under another (ep null:
 // plain data parallelism); the final weights and optimiser state.
+// The first part replicates the trunk's optimiser, the second shards it (ZeRO-1).
 std::pair<std::vector<float>, std::vector<float>> stop_and_resume(const std::string& run_path, const std::string& out,
                                                                   DataParallel& dp, ExpertParallelTraining* first,
                                                                   ExpertParallelTraining* second, int64_t stop) {
@@ -209,7 +212,7 @@ std::pair<std::vector<float>, std::vector<float>> stop_and_resume(const std::str
   o.out_dir = out, o.quiet = true, o.threads = 1, o.dp = &dp, o.shard_optimizer = false;
   o.ep = first, o.stop_at_step = stop;
   { Trainer(load_run_config(run_path), o).run(); }
-  o.ep = second, o.stop_at_step = -1, o.resume = true;
+  o.ep = second, o.stop_at_step = -1, o.resume = true, o.shard_optimizer = true;
   Trainer t(load_run_config(run_path), o);
   t.run();
   t.sync_expert_weights();
@@ -232,12 +235,23 @@ TEST(DistRanks, ExpertParallelTrainingEqualsOneProcessBitwise) {
   }
   dp.barrier("test.ref");
   const auto& mpi = static_cast<const dist::MpiComm&>(*grp.comm);
-  std::vector<int> sizes = {N};  // EP only: one group of every rank
-  if (N == 4) sizes.push_back(2);  // DP x EP: two groups of two
-  for (const int G : sizes) {
+  // (expert-parallel ranks per group, ZeRO-1 of the trunk)
+  std::vector<std::pair<int, bool>> layouts = {{N, false}};  // EP only: one group of every rank
+  if (N > 1) layouts.push_back({N, true});
+  if (N == 4) layouts.push_back({2, false}), layouts.push_back({2, true});  // DP x EP: two groups of two
+  for (const auto& [G, zero] : layouts) {
     dist::CommExpertTraining ex(mpi, G);
-    const std::string name = std::to_string(N / G) + " x " + std::to_string(G) + " (groups x expert-parallel ranks)";
-    const Trace got = trace_run(dir.path + "/run.json", dir.path + "/ep" + std::to_string(G), 1, &dp, false, &ex);
+    const std::string name = std::to_string(N / G) + " x " + std::to_string(G) + " (groups x expert-parallel ranks)" +
+                             (zero ? ", ZeRO-1 trunk" : ", replicated trunk");
+    const std::string out = dir.path + "/ep" + std::to_string(G) + (zero ? "z" : "");
+    const Trace got = trace_run(dir.path + "/run.json", out, 1, &dp, zero, &ex);
+    // Memory: no page inside the other ranks' experts is held after training (the weights'
+    // were given back after the evaluations and the checkpoint, the gradients' never written);
+    // gathered, they are.
+    if (G > 1) {
+      EXPECT_EQ(got.foreign_resident, 0) << name << ", rank " << dp.rank();
+      EXPECT_GT(got.foreign_resident_synced, 0) << name << ", rank " << dp.rank();
+    }
     // The routed biases (part of the weights) are the same on every rank.
     const std::string bias_hash = content_hash(got.weights.data(), got.weights.size() * sizeof(float));
     dp.check_identical(bias_hash.data(), bias_hash.size(), "weights after the run (QB router biases among them)");
@@ -262,7 +276,7 @@ TEST(DistRanks, ExpertParallelTrainingEqualsOneProcessBitwise) {
     EXPECT_EQ(got.evals, ref.evals) << name;
     EXPECT_EQ(got.ckpt_weights_hash, ref.ckpt_weights_hash) << name;
     EXPECT_EQ(got.ckpt_opt_hash, ref.ckpt_opt_hash) << name;
-    const K3Model m = load_model(dir.path + "/ep" + std::to_string(G) + "/checkpoint");
+    const K3Model m = load_model(out + "/checkpoint");
     const float* b = m.weights().param("language_model.model.layers.1.block_sparse_moe.gate.e_score_correction_bias");
     bool moved = false;
     for (int e = 0; e < 8; ++e) moved |= b[e] != 0.0f;
@@ -275,7 +289,7 @@ TEST(DistRanks, ExpertParallelTrainingEqualsOneProcessBitwise) {
   const auto [w, os] = stop_and_resume(dir.path + "/run.json", dir.path + "/resumed", dp, &first, second.get(), 2);
   if (dp.rank() == 0) {
     EXPECT_TRUE(same(w, ref.weights)) << "stopped at step 2 with groups of " << N << ", resumed "
-                                      << (second ? "with groups of 2" : "data-parallel only");
+                                      << (second ? "with groups of 2" : "data-parallel only") << " and ZeRO-1";
     EXPECT_TRUE(os == ref.opt_state) << "resumed optimiser state";
   }
 }
