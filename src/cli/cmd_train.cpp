@@ -69,7 +69,12 @@ const char* kUsage =
     "             routed experts, the tokens travel to the owners and back (all-to-all); with --ep, --dp\n"
     "             is the number of groups (default 1) and the job has D x E ranks; MPI only; a rank holds\n"
     "             the trunk and its own experts; --zero 1 (default) splits the trunk's optimiser state\n"
-    "             over all D x E ranks\n";
+    "             over all D x E ranks\n"
+    "  --ep-accumulate  per-source (default): the owner keeps each source rank's expert gradients apart\n"
+    "             and sums them in rank order, bitwise one process of N threads, at the price of a buffer\n"
+    "             the size of all of a layer's experts per rank; fused: one gradient per expert (the\n"
+    "             sources added in rank order as their rows arrive): deterministic, equal to one process\n"
+    "             to float rounding only\n";
 
 // Generates run.sample_tokens tokens after BOS + prompt; stops at EOS.
 std::string sample_text(const K3Model& model, const Vocabulary& tok, const std::string& prompt, int64_t n,
@@ -152,11 +157,11 @@ int run_training(const std::string& config, TrainOptions opt, bool root, dist::C
                  opt.dp->rank(), (long long)bytes, (long long)(at == st.end() ? 0 : at->second.calls),
                  (long long)ep->rows_sent(), (long long)(ep->rows_sent() > 0 ? bytes / ep->rows_sent() : 0));
   }
-  if (comm && !opt.quiet) {  // what this rank held (docs/distributed.md measures it per layout)
+  if (!opt.quiet) {  // what this process (rank) held; docs/distributed.md measures it per layout
     const ProcMem m = read_proc_mem();
-    std::fprintf(stderr, "train: rank %d: resident %.1f MiB at the end (anonymous %.1f MiB), peak %.1f MiB\n",
-                 opt.dp->rank(), double(m.vm_rss) / 1048576.0, double(m.rss_anon) / 1048576.0,
-                 double(m.vm_hwm) / 1048576.0);
+    const std::string who = comm ? "rank " + std::to_string(opt.dp->rank()) + ": " : "";
+    std::fprintf(stderr, "train: %sresident %.1f MiB at the end (anonymous %.1f MiB), peak %.1f MiB\n", who.c_str(),
+                 double(m.vm_rss) / 1048576.0, double(m.rss_anon) / 1048576.0, double(m.vm_hwm) / 1048576.0);
   }
   if (!root) return 0;
   if (r.complete && run.sample_tokens > 0 && !run.samples.empty()) {
@@ -177,7 +182,7 @@ int run_training(const std::string& config, TrainOptions opt, bool root, dist::C
 }
 
 int cmd_train(const std::vector<std::string>& args) {
-  Args a(args, {"config", "out", "steps", "threads", "dp", "ep", "zero", "backend", "comm-timeout", "bucket-mb"},
+  Args a(args, {"config", "out", "steps", "threads", "dp", "ep", "zero", "backend", "comm-timeout", "bucket-mb", "ep-accumulate"},
          {"resume", "quiet", "help"}, "train");
   if (a.flag("help")) {
     std::fputs(kUsage, stdout);
@@ -224,6 +229,10 @@ int cmd_train(const std::vector<std::string>& args) {
   const long long zero = a.get_int("zero", 1);
   if (zero != 0 && zero != 1) fail("--zero: expected 0 or 1, got " + std::to_string(zero));
   if (ep > 0 && a.get_or("backend", "mpi") != "mpi") fail("--ep: expert parallelism runs over MPI only (--backend mpi)");
+  const std::string accumulate = a.get_or("ep-accumulate", "per-source");
+  if (a.get("ep-accumulate") && ep == 0) fail("--ep-accumulate goes with --ep (see k3cpp train --help)");
+  if (accumulate != "per-source" && accumulate != "fused")
+    fail("--ep-accumulate: expected per-source or fused, got '" + accumulate + "'");
   const double timeout = a.get_double("comm-timeout", 600);
   if (!(timeout > 0)) fail("--comm-timeout: expected a positive number of seconds");
   const double bucket_mb = a.get_double("bucket-mb", 4);
@@ -234,7 +243,8 @@ int cmd_train(const std::vector<std::string>& args) {
     opt.dp = group.get();
     opt.shard_optimizer = zero == 1;
     if (ep > 0) {
-      experts = std::make_unique<dist::CommExpertTraining>(static_cast<const dist::MpiComm&>(*comm), int(ep));
+      experts = std::make_unique<dist::CommExpertTraining>(static_cast<const dist::MpiComm&>(*comm), int(ep),
+                                                           accumulate == "per-source");
       opt.ep = experts.get();
     }
   }

@@ -24,7 +24,8 @@ std::unique_ptr<MpiComm> split(const MpiComm& world, int color) {
 
 }  // namespace
 
-CommExpertTraining::CommExpertTraining(const MpiComm& world, int group_size) : G_(group_size) {
+CommExpertTraining::CommExpertTraining(const MpiComm& world, int group_size, bool per_source)
+    : G_(group_size), per_source_(per_source) {
   const int N = world.size();
   if (G_ < 1 || N % G_ != 0)
     fail("--ep " + std::to_string(G_) + " does not divide the job's " + std::to_string(N) + " ranks");
@@ -39,8 +40,9 @@ void CommExpertTraining::bind_gradients(const std::vector<std::vector<ExpertGrad
   bound_ = owned;
   n_in_ = n_in, F_ = F;
   acc_.assign(owned.size(), {});  // the other G - 1 sources' (this rank's own goes to the bound views)
-  for (size_t l = 0; l < owned.size(); ++l)
-    acc_[l].assign(size_t(G_ - 1) * owned[l].size() * size_t(3 * F * n_in), 0.f);
+  if (per_source_)
+    for (size_t l = 0; l < owned.size(); ++l)
+      acc_[l].assign(size_t(G_ - 1) * owned[l].size() * size_t(3 * F * n_in), 0.f);
 }
 
 void CommExpertTraining::begin_step() {
@@ -56,7 +58,7 @@ void CommExpertTraining::begin_step() {
 // straight into the bound gradient (summed in place by reduce_gradients), the others' into
 // acc_ (source order, this rank skipped).
 ExpertGrad CommExpertTraining::grad_of(size_t layer, int q, int64_t i) const {
-  if (q == j_) return bound_[layer][size_t(i)];
+  if (q == j_ || !per_source_) return bound_[layer][size_t(i)];
   const int64_t M = F_ * n_in_, per = int64_t(bound_[layer].size());
   const int slot = q < j_ ? q : q - 1;
   float* base = const_cast<float*>(acc_[layer].data()) + (int64_t(slot) * per + i) * 3 * M;
@@ -160,18 +162,20 @@ void CommExpertTraining::backward(float* dz, const float* dy, const MoEDispatch&
   for (int64_t b = 0; b < E; ++b) max_n = std::max(max_n, f.counts[size_t(b)]);
   const int nthreads = omp_get_max_threads();
   work_.resize(size_t(std::max<int64_t>(1, 4 * max_n * F) * nthreads));
-  // Blocks write distinct accumulators (source q, expert i): no two threads share one.
-#pragma omp parallel for schedule(dynamic, 1) if (E > 1)
-  for (int64_t b = 0; b < E; ++b) {
-    const int64_t m = f.counts[size_t(b)], at = f.begin[size_t(b)];
-    if (m == 0) continue;
-    const int q = int(b / per);
-    const int64_t i = b % per, e = int64_t(j_) * per + i;
-    float* work = work_.data() + size_t(4 * max_n * F) * size_t(omp_get_thread_num());
-    moe_expert_rows_backward(out_.data() + at * n_in, grad_of(layer, q, i), dyr.data() + at * n_in,
-                             f.rows.data() + at * n_in, f.gu.data() + at * 2 * F, w1[e], w3[e], w2[e], m, n_in, F, b1,
-                             b2, work);
-  }
+  // One thread per owned expert, its sources in rank order: per source, each (source, expert)
+  // block has its own accumulator; fused, the sources accumulate into one, in that order.
+#pragma omp parallel for schedule(dynamic, 1) if (per > 1)
+  for (int64_t i = 0; i < per; ++i)
+    for (int q = 0; q < G_; ++q) {
+      const int64_t b = int64_t(q) * per + i;
+      const int64_t m = f.counts[size_t(b)], at = f.begin[size_t(b)];
+      if (m == 0) continue;
+      const int64_t e = int64_t(j_) * per + i;
+      float* work = work_.data() + size_t(4 * max_n * F) * size_t(omp_get_thread_num());
+      moe_expert_rows_backward(out_.data() + at * n_in, grad_of(layer, q, i), dyr.data() + at * n_in,
+                               f.rows.data() + at * n_in, f.gu.data() + at * 2 * F, w1[e], w3[e], w2[e], m, n_in, F,
+                               b1, b2, work);
+    }
   r = group_->ialltoallv(out_.data(), rc_.data(), rd_.data(), dz, sc_.data(), sd_.data(), "ep.bwd.combine");
   group_->wait(r);
 }
@@ -184,7 +188,9 @@ void CommExpertTraining::backward(float* dz, const float* dy, const MoEDispatch&
 void CommExpertTraining::reduce_gradients() {
   K3_ASSERT(depth_ == 0, "expert parallelism: a forward was never backpropagated");
   const int64_t M = F_ * n_in_;
-  const int64_t pieces = int64_t(D_) * G_;
+  const int S = per_source_ ? G_ : 1;  // pieces per replica (fused: the sources already summed)
+  const int64_t pieces = int64_t(D_) * S;
+  if (pieces == 1) return;
   CommDataParallel rep(*replica_);
   std::vector<float> send, all;
   std::vector<const float*> src(static_cast<size_t>(pieces));
@@ -194,8 +200,8 @@ void CommExpertTraining::reduce_gradients() {
     for (int64_t i0 = 0; i0 < per; i0 += chunk) {
       const int64_t i1 = std::min(per, i0 + chunk), c = i1 - i0;
       if (D_ > 1) {  // [G sources][c experts][w1 | w3 | w2], then every replica's in replica order
-        send.resize(size_t(G_ * c * 3 * M));
-        for (int q = 0; q < G_; ++q)
+        send.resize(size_t(S * c * 3 * M));
+        for (int q = 0; q < S; ++q)
           for (int64_t i = i0; i < i1; ++i) {
             const ExpertGrad g = grad_of(l, q, i);
             float* d = send.data() + (int64_t(q) * c + i - i0) * 3 * M;
@@ -212,7 +218,7 @@ void CommExpertTraining::reduce_gradients() {
         float* out = m == 0 ? g.w1 : m == 1 ? g.w3 : g.w2;
         for (int64_t p = 0; p < pieces; ++p) {
           if (D_ > 1) {
-            src[size_t(p)] = all.data() + ((p * c) + (i - i0)) * 3 * M + m * M;  // p = d G + q
+            src[size_t(p)] = all.data() + ((p * c) + (i - i0)) * 3 * M + m * M;  // p = d S + q
           } else {
             const ExpertGrad s = grad_of(l, int(p), i);
             src[size_t(p)] = m == 0 ? s.w1 : m == 1 ? s.w3 : s.w2;

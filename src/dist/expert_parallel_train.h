@@ -21,7 +21,10 @@
 //    owners' buffers are first all-gathered over the replica communicator (a few experts at a
 //    time). The price: per MoE layer, G - 1 buffers of E/G experts besides the experts' own
 //    gradient (this rank's tokens accumulate there): together the size of all the layer's
-//    experts, as one process of N threads holds a gradient buffer per thread.
+//    experts, as one process of N threads holds a gradient buffer per thread; it does not
+//    shrink with G. Fused (per_source false), the sources accumulate into the experts' own
+//    gradient in rank order within each call (no accumulators; not the single process's
+//    summation: equal to rounding, deterministic).
 // Byte counts (comm.h) go to this object's communicators, labelled ep.fwd.counts,
 // ep.fwd.dispatch, ep.fwd.combine, ep.bwd.dispatch, ep.bwd.combine and ep.grad.replicas;
 // stats() merges them. MPI only (the sub-communicators are MPI's).
@@ -39,8 +42,12 @@ namespace k3::dist {
 
 class CommExpertTraining : public ExpertParallelTraining, public ExpertTrainExchange {
  public:
-  // world: the job's communicator (its size a multiple of group_size).
-  CommExpertTraining(const MpiComm& world, int group_size);
+  // world: the job's communicator (its size a multiple of group_size). per_source = false
+  // (--ep-accumulate fused): every source's rows accumulate into the expert's one gradient,
+  // the sources in rank order per MoE layer call: no accumulators, deterministic, but a
+  // different float summation than one process (equal to float rounding, not bitwise).
+  CommExpertTraining(const MpiComm& world, int group_size, bool per_source = true);
+  bool per_source() const { return per_source_; }
   int size() const override { return G_; }
   int rank() const override { return j_; }
   int group() const override { return g_; }
@@ -74,6 +81,7 @@ class CommExpertTraining : public ExpertParallelTraining, public ExpertTrainExch
 
   std::unique_ptr<MpiComm> group_, replica_;
   int G_ = 1, j_ = 0, g_ = 0, D_ = 1;
+  bool per_source_ = true;
   std::vector<Frame> frames_;
   size_t depth_ = 0;  // frames in use (MoE layers forwarded and not yet backpropagated)
   std::vector<std::vector<ExpertGrad>> bound_;

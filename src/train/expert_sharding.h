@@ -55,29 +55,50 @@ struct ExpertSharding {
   // every rank, or (root >= 0) on that rank only (the others get nothing back).
   template <typename T, typename Count, typename Local>
   std::vector<T> assemble(DataParallel& dp, size_t n, Count count, Local local, const char* label, int root = -1) const {
+    // One copy of what this rank holds, the gathered bytes, the result: no more (the
+    // optimiser state at a checkpoint is the largest thing gathered).
+    // What this rank holds is sent from where it lies when it lies there in order (the
+    // optimiser state of a rank holding all it steps), else from a packed copy.
     std::vector<T> mine_v;
-    for (size_t i = 0; i < n; ++i)
-      if (holder[i] == world_rank) {
-        const T* p = local(i);
-        mine_v.insert(mine_v.end(), p, p + count(i));
-      }
+    size_t total = 0, held = 0;
+    const T* first = nullptr;
+    bool in_place = true;
+    for (size_t i = 0; i < n; ++i) {
+      total += count(i);
+      if (holder[i] != world_rank) continue;
+      const T* p = local(i);
+      if (!first) first = p;
+      in_place = in_place && p == first + held;
+      held += count(i);
+    }
+    if (!in_place)
+      for (size_t i = 0; i < n; ++i)
+        if (holder[i] == world_rank) {
+          const T* p = local(i);
+          mine_v.insert(mine_v.end(), p, p + count(i));
+        }
+    const T* send = in_place ? first : mine_v.data();
     std::vector<size_t> counts;
-    const std::vector<T> all = root < 0 ? dp.allgatherv(mine_v.data(), mine_v.size(), label, &counts)
-                                        : dp.gatherv(mine_v.data(), mine_v.size(), root, label, &counts);
+    std::vector<unsigned char> raw;
+    if (root < 0) dp.allgatherv_bytes(send, held * sizeof(T), raw, &counts, label);
+    else dp.gatherv_bytes(send, held * sizeof(T), root, raw, &counts, label);
+    std::vector<T>().swap(mine_v);
     std::vector<T> out;
     if (root >= 0 && root != world_rank) return out;
-    std::vector<size_t> cursor(counts.size(), 0);
+    std::vector<size_t> cursor(counts.size(), 0);  // bytes
     for (size_t r = 1; r < counts.size(); ++r) cursor[r] = cursor[r - 1] + counts[r - 1];
+    out.resize(total);
+    T* o = out.data();
     for (size_t i = 0; i < n; ++i) {
       const size_t c = count(i);
       if (holder[i] < 0) {
-        const T* p = local(i);
-        out.insert(out.end(), p, p + c);
+        std::memcpy(o, local(i), c * sizeof(T));
       } else {
         size_t& at = cursor[size_t(holder[i])];
-        out.insert(out.end(), all.begin() + long(at), all.begin() + long(at + c));
-        at += c;
+        std::memcpy(o, raw.data() + at, c * sizeof(T));
+        at += c * sizeof(T);
       }
+      o += c;
     }
     return out;
   }
