@@ -163,8 +163,10 @@ int run_training(const std::string& config, TrainOptions opt, bool root, dist::C
     std::fprintf(stderr, "train: %sresident %.1f MiB at the end (anonymous %.1f MiB), peak %.1f MiB\n", who.c_str(),
                  double(m.vm_rss) / 1048576.0, double(m.rss_anon) / 1048576.0, double(m.vm_hwm) / 1048576.0);
   }
+  const bool sampling = r.complete && run.sample_tokens > 0 && !run.samples.empty();
+  if (ep && sampling) trainer.sync_expert_weights(0);  // rank 0 samples from every expert (collective)
   if (!root) return 0;
-  if (r.complete && run.sample_tokens > 0 && !run.samples.empty()) {
+  if (sampling) {
     std::printf("\nsamples (temperature %.2f, %lld tokens after each prompt):\n", run.sample_temperature,
                 (long long)run.sample_tokens);
     for (size_t i = 0; i < run.samples.size(); ++i) {

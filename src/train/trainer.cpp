@@ -1047,7 +1047,7 @@ std::vector<float> Trainer::last_gradients() {
 
 std::vector<float> Trainer::optimizer_state() { return impl_->gathered_optimizer_state(); }
 
-void Trainer::sync_expert_weights() { impl_->sync_expert_weights(); }
+void Trainer::sync_expert_weights(int root) { impl_->sync_expert_weights(root); }
 void Trainer::release_foreign_experts() { impl_->release_foreign_experts(); }
 int64_t Trainer::foreign_expert_resident_bytes() const { return impl_->foreign_resident(); }
 

@@ -136,8 +136,9 @@ class Trainer {
   std::vector<float> last_gradients();
   // Expert parallel: every rank's copy of every routed expert set to its owner's (collective;
   // evaluation and checkpoints do it themselves; nothing to do otherwise). For tests reading
-  // model() between steps; release_foreign_experts() gives the others' experts back again.
-  void sync_expert_weights();
+  // model() between steps, or (root >= 0) on that rank only, e.g. to sample from the trained
+  // model; release_foreign_experts() gives the others' experts back again.
+  void sync_expert_weights(int root = -1);
   void release_foreign_experts();
   // Expert parallel: bytes of other ranks' routed experts resident in this rank's weight and
   // gradient buffers (mincore; whole pages inside their ranges); 0 otherwise. For tests.
