@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,7 +55,10 @@ struct ExpertSharding {
   // them. Returns every parameter's, concatenated in parameter order (collective over dp), on
   // every rank, or (root >= 0) on that rank only (the others get nothing back).
   template <typename T, typename Count, typename Local>
-  std::vector<T> assemble(DataParallel& dp, size_t n, Count count, Local local, const char* label, int root = -1) const {
+  // sent (optional) runs once this rank's values are sent: it may free them if no parameter
+  // is held by every rank (holder < 0), the only ones local() is asked for afterwards.
+  std::vector<T> assemble(DataParallel& dp, size_t n, Count count, Local local, const char* label, int root = -1,
+                          const std::function<void()>& sent = {}) const {
     // One copy of what this rank holds, the gathered bytes, the result: no more (the
     // optimiser state at a checkpoint is the largest thing gathered).
     // What this rank holds is sent from where it lies when it lies there in order (the
@@ -83,6 +87,7 @@ struct ExpertSharding {
     if (root < 0) dp.allgatherv_bytes(send, held * sizeof(T), raw, &counts, label);
     else dp.gatherv_bytes(send, held * sizeof(T), root, raw, &counts, label);
     std::vector<T>().swap(mine_v);
+    if (sent) sent();
     std::vector<T> out;
     if (root >= 0 && root != world_rank) return out;
     std::vector<size_t> cursor(counts.size(), 0);  // bytes

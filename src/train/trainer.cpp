@@ -1063,7 +1063,9 @@ std::vector<float> Trainer::Impl::gathered_optimizer_state(int root) {
     for (size_t j = 0; j < local_refs.size(); ++j) at[local_refs[j]] = local_state_off[j];
     s = shard.assemble<float>(
         *dp, all_refs.size(), [&](size_t i) { return size_t(2 * all_refs[i].rows * all_refs[i].cols); },
-        [&](size_t i) { return static_cast<const float*>(s.data() + at[i]); }, "optimizer_state", root);
+        [&](size_t i) { return static_cast<const float*>(s.data() + at[i]); }, "optimizer_state", root, [&] {
+          if (zero) std::vector<float>().swap(s);  // ZeRO-1: every moment has a holder, s is not read again
+        });
   }
   return s;
 }
