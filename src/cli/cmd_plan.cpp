@@ -195,6 +195,9 @@ int cmd_plan(const std::vector<std::string>& args) {
                             {"ep_trunk_gradient_bytes_per_rank_step", dpc.ep_trunk_grad_bytes},
                             {"ep_replica_gradient_bytes_per_rank_step", dpc.ep_replica_grad_bytes},
                             {"ep_optimizer_state_bytes_per_rank", dpc.ep_opt_state_bytes},
+                            {"ep_optimizer_state_bytes_per_rank_zero1", dpc.ep_opt_state_bytes_zero1},
+                            {"ep_weight_bytes_per_rank", dpc.ep_weight_bytes},
+                            {"ep_gradient_held_bytes_per_rank", dpc.ep_grad_held_bytes},
                             {"routed_expert_floats", dpc.expert_floats}};
     if (want_stream) {
       j["streaming"] = {{"budget_bytes", sp.budget},
@@ -308,11 +311,14 @@ int cmd_plan(const std::vector<std::string>& args) {
     if (dpc.ep > 1)
       std::printf("  expert parallel in groups of %lld ranks: %s per token forward (bf16 latent rows out and back, all "
                   "MoE layers; uniform routing); as k3cpp trains (f32, forward and backward) %s per token; gradient "
-                  "reduction of the trunk %s and of the experts' replicas %s per rank and step; optimiser state %s "
-                  "per rank\n",
+                  "reduction of the trunk %s and of the experts' replicas %s per rank and step; held per rank: "
+                  "weights %s, gradients %s (with the other sources' accumulators), optimiser state %s with ZeRO-1 "
+                  "of the trunk (%s replicated)\n",
                   (long long)dpc.ep, human_bytes(dpc.ep_bytes_per_token).c_str(),
                   human_bytes(dpc.ep_train_bytes_per_token).c_str(), human_bytes(dpc.ep_trunk_grad_bytes).c_str(),
-                  human_bytes(dpc.ep_replica_grad_bytes).c_str(), human_bytes(dpc.ep_opt_state_bytes).c_str());
+                  human_bytes(dpc.ep_replica_grad_bytes).c_str(), human_bytes(dpc.ep_weight_bytes).c_str(),
+                  human_bytes(dpc.ep_grad_held_bytes).c_str(), human_bytes(dpc.ep_opt_state_bytes_zero1).c_str(),
+                  human_bytes(dpc.ep_opt_state_bytes).c_str());
   }
   if (want_stream) {
     std::printf("\nmemory-limited inference at %g GB, disk %g GB/s (experts streamed; the bf16 trunk resident if it "

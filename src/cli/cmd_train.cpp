@@ -37,6 +37,7 @@
 #include "dist/mpi_comm.h"
 #include "dist/runtime.h"
 #include "io/atomic_file.h"
+#include "infer/mem_probe.h"
 #include "infer/sampler.h"
 #include "infer/session.h"
 #include "train/run_config.h"
@@ -66,8 +67,14 @@ const char* kUsage =
     "  --bucket-mb     gradient reduction bucket in MiB (default 4)\n"
     "  --ep       expert-parallel ranks per group: each owns, computes and steps 1/E of every MoE layer's\n"
     "             routed experts, the tokens travel to the owners and back (all-to-all); with --ep, --dp\n"
-    "             is the number of groups (default 1) and the job has D x E ranks; MPI only; the trunk's\n"
-    "             optimiser is replicated (--zero 0)\n";
+    "             is the number of groups (default 1) and the job has D x E ranks; MPI only; a rank holds\n"
+    "             the trunk and its own experts; --zero 1 (default) splits the trunk's optimiser state\n"
+    "             over all D x E ranks\n"
+    "  --ep-accumulate  per-source (default): the owner keeps each source rank's expert gradients apart\n"
+    "             and sums them in rank order, bitwise one process of N threads, at the price of a buffer\n"
+    "             the size of all of a layer's experts per rank; fused: one gradient per expert (the\n"
+    "             sources added in rank order as their rows arrive): deterministic, equal to one process\n"
+    "             to float rounding only\n";
 
 // Generates run.sample_tokens tokens after BOS + prompt; stops at EOS.
 std::string sample_text(const K3Model& model, const Vocabulary& tok, const std::string& prompt, int64_t n,
@@ -150,8 +157,16 @@ int run_training(const std::string& config, TrainOptions opt, bool root, dist::C
                  opt.dp->rank(), (long long)bytes, (long long)(at == st.end() ? 0 : at->second.calls),
                  (long long)ep->rows_sent(), (long long)(ep->rows_sent() > 0 ? bytes / ep->rows_sent() : 0));
   }
+  if (!opt.quiet) {  // what this process (rank) held; docs/distributed.md measures it per layout
+    const ProcMem m = read_proc_mem();
+    const std::string who = comm ? "rank " + std::to_string(opt.dp->rank()) + ": " : "";
+    std::fprintf(stderr, "train: %sresident %.1f MiB at the end (anonymous %.1f MiB), peak %.1f MiB\n", who.c_str(),
+                 double(m.vm_rss) / 1048576.0, double(m.rss_anon) / 1048576.0, double(m.vm_hwm) / 1048576.0);
+  }
+  const bool sampling = r.complete && run.sample_tokens > 0 && !run.samples.empty();
+  if (ep && sampling) trainer.sync_expert_weights(0);  // rank 0 samples from every expert (collective)
   if (!root) return 0;
-  if (r.complete && run.sample_tokens > 0 && !run.samples.empty()) {
+  if (sampling) {
     std::printf("\nsamples (temperature %.2f, %lld tokens after each prompt):\n", run.sample_temperature,
                 (long long)run.sample_tokens);
     for (size_t i = 0; i < run.samples.size(); ++i) {
@@ -169,7 +184,7 @@ int run_training(const std::string& config, TrainOptions opt, bool root, dist::C
 }
 
 int cmd_train(const std::vector<std::string>& args) {
-  Args a(args, {"config", "out", "steps", "threads", "dp", "ep", "zero", "backend", "comm-timeout", "bucket-mb"},
+  Args a(args, {"config", "out", "steps", "threads", "dp", "ep", "zero", "backend", "comm-timeout", "bucket-mb", "ep-accumulate"},
          {"resume", "quiet", "help"}, "train");
   if (a.flag("help")) {
     std::fputs(kUsage, stdout);
@@ -213,12 +228,13 @@ int cmd_train(const std::vector<std::string>& args) {
   }
   if (!a.get("dp") && !a.get("ep") && (a.get("zero") || a.get("backend") || a.get("comm-timeout") || a.get("bucket-mb")))
     fail("--zero, --backend, --comm-timeout and --bucket-mb go with --dp (see k3cpp train --help)");
-  const long long zero = a.get_int("zero", ep > 0 ? 0 : 1);
+  const long long zero = a.get_int("zero", 1);
   if (zero != 0 && zero != 1) fail("--zero: expected 0 or 1, got " + std::to_string(zero));
-  if (ep > 0 && zero == 1)
-    fail("--zero 1 with --ep: ZeRO-1 of the trunk under expert parallelism is not supported (the experts' optimiser "
-         "state is already split by ownership); drop --zero");
   if (ep > 0 && a.get_or("backend", "mpi") != "mpi") fail("--ep: expert parallelism runs over MPI only (--backend mpi)");
+  const std::string accumulate = a.get_or("ep-accumulate", "per-source");
+  if (a.get("ep-accumulate") && ep == 0) fail("--ep-accumulate goes with --ep (see k3cpp train --help)");
+  if (accumulate != "per-source" && accumulate != "fused")
+    fail("--ep-accumulate: expected per-source or fused, got '" + accumulate + "'");
   const double timeout = a.get_double("comm-timeout", 600);
   if (!(timeout > 0)) fail("--comm-timeout: expected a positive number of seconds");
   const double bucket_mb = a.get_double("bucket-mb", 4);
@@ -229,7 +245,8 @@ int cmd_train(const std::vector<std::string>& args) {
     opt.dp = group.get();
     opt.shard_optimizer = zero == 1;
     if (ep > 0) {
-      experts = std::make_unique<dist::CommExpertTraining>(static_cast<const dist::MpiComm&>(*comm), int(ep));
+      experts = std::make_unique<dist::CommExpertTraining>(static_cast<const dist::MpiComm&>(*comm), int(ep),
+                                                           accumulate == "per-source");
       opt.ep = experts.get();
     }
   }

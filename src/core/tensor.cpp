@@ -1,8 +1,12 @@
 #include "core/tensor.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 namespace k3 {
 
@@ -27,6 +31,36 @@ void* aligned_alloc64(size_t bytes) {
 }
 void aligned_free64(void* p) { std::free(p); }
 
+namespace {
+// The whole pages inside [p, p + bytes): [lo, hi), hi <= lo when there are none.
+void inner_pages(const void* p, size_t bytes, uintptr_t& lo, uintptr_t& hi) {
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  hi = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+}
+}  // namespace
+
+int64_t resident_bytes(const void* p, size_t bytes) {
+  uintptr_t lo, hi;
+  inner_pages(p, bytes, lo, hi);
+  if (hi <= lo) return 0;
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> v((hi - lo) / page);
+  if (::mincore(reinterpret_cast<void*>(lo), hi - lo, v.data()) != 0) fail("mincore failed on a buffer");
+  int64_t n = 0;
+  for (unsigned char c : v) n += (c & 1) ? int64_t(page) : 0;
+  return n;
+}
+
+int64_t release_pages(void* p, size_t bytes) {
+  uintptr_t lo, hi;
+  inner_pages(p, bytes, lo, hi);
+  if (hi <= lo) return 0;
+  if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0)
+    fail("cannot give memory back to the system (madvise MADV_DONTNEED)");
+  return int64_t(hi - lo);
+}
+
 static Shape contiguous_strides(const Shape& shape) {
   Shape st(shape.size());
   int64_t s = 1;
@@ -49,6 +83,21 @@ Tensor Tensor::empty(DType dt, const Shape& shape) {
 Tensor Tensor::zeros(DType dt, const Shape& shape) {
   Tensor t = empty(dt, shape);
   std::memset(t.data_, 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::zeros_mapped(DType dt, const Shape& shape) {
+  for (int64_t d : shape) K3_ASSERT(d >= 0, "negative dimension in " + shape_str(shape));
+  Tensor t;
+  t.dtype_ = dt;
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  const size_t bytes = t.nbytes();
+  if (bytes == 0) return zeros(dt, shape);
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) fail("out of memory mapping " + std::to_string(bytes) + " bytes");
+  t.owner_ = std::shared_ptr<void>(p, [bytes](void* q) { ::munmap(q, bytes); });
+  t.data_ = p;
   return t;
 }
 

@@ -22,6 +22,12 @@ int64_t shape_numel(const Shape& s);
 void* aligned_alloc64(size_t bytes);
 void aligned_free64(void* p);
 
+// Bytes of [p, p + bytes) resident in memory (mincore over the whole pages inside the range).
+int64_t resident_bytes(const void* p, size_t bytes);
+// Gives the whole pages inside [p, p + bytes) of an anonymous private mapping back to the
+// system (madvise MADV_DONTNEED; they read as zeros afterwards); returns the bytes released.
+int64_t release_pages(void* p, size_t bytes);
+
 // A growable aligned float buffer for activations/parameters (no per-element init cost
 // beyond what the caller asks for).
 class Tensor {
@@ -30,6 +36,10 @@ class Tensor {
 
   static Tensor empty(DType dt, const Shape& shape);  // owned, uninitialised
   static Tensor zeros(DType dt, const Shape& shape);  // owned, zero-filled
+  // Owned and zero, from an anonymous mapping (mmap; whole pages): a page takes memory
+  // only once written, so ranges never written (another rank's experts) cost none, and
+  // madvise(MADV_DONTNEED) over written ones gives them back (reading as zeros again).
+  static Tensor zeros_mapped(DType dt, const Shape& shape);
   static Tensor from_f32(const Shape& shape, const float* src);  // owned copy
   // A view of external memory kept alive by `owner` (e.g. an mmap'ed file).
   static Tensor view_of(DType dt, const Shape& shape, void* data, std::shared_ptr<void> owner);

@@ -147,6 +147,59 @@ void CommDataParallel::allgatherv_bytes(const void* mine, size_t bytes, std::vec
   }
 }
 
+void CommDataParallel::gatherv_bytes(const void* mine, size_t bytes, int root, std::vector<unsigned char>& out,
+                                     std::vector<size_t>* counts, const char* label) {
+  const int N = size(), me = rank();
+  K3_ASSERT(root >= 0 && root < N, std::string(label) + ": root");
+  std::vector<int64_t> sizes(size_t(N), 0);
+  sizes[size_t(me)] = int64_t(bytes);
+  const size_t nr = static_cast<size_t>(N);
+  if (N > 1) {
+    std::vector<int64_t> c(nr, int64_t(sizeof(int64_t))), d(nr);
+    for (int r = 0; r < N; ++r) d[size_t(r)] = r * int64_t(sizeof(int64_t));
+    comm_.allgatherv(&sizes[size_t(me)], sizes.data(), c.data(), d.data(), std::string(label) + ".sizes");
+  }
+  std::vector<int64_t> displs(nr + 1, 0);
+  for (int r = 0; r < N; ++r) displs[size_t(r) + 1] = displs[size_t(r)] + sizes[size_t(r)];
+  out.clear();
+  if (me == root) {
+    out.resize(size_t(displs[nr]));
+    if (bytes) std::memcpy(out.data() + displs[size_t(me)], mine, bytes);
+  }
+  if (counts) {
+    counts->resize(nr);
+    for (int r = 0; r < N; ++r) (*counts)[size_t(r)] = size_t(sizes[size_t(r)]);
+  }
+  if (N == 1) return;
+  int64_t longest = 0;
+  for (int r = 0; r < N; ++r)
+    if (r != root) longest = std::max(longest, sizes[size_t(r)]);
+  const int64_t C = bucket_bytes_;
+  std::vector<int64_t> sc(nr, 0), sd(nr, 0), rc(nr, 0), rd(nr, 0);
+  const unsigned char* src = static_cast<const unsigned char*>(mine);
+  std::vector<unsigned char> stage;
+  for (int64_t k = 0; k * C < longest; ++k) {
+    // Round k: bytes [k C, (k + 1) C) of every non-root rank's block.
+    const int64_t off = k * C;
+    std::fill(sc.begin(), sc.end(), 0), std::fill(rc.begin(), rc.end(), 0);
+    if (me != root) sc[size_t(root)] = std::clamp<int64_t>(int64_t(bytes) - off, 0, C);
+    if (me == root)
+      for (int r = 0; r < N; ++r)
+        if (r != root) rc[size_t(r)] = std::clamp<int64_t>(sizes[size_t(r)] - off, 0, C);
+    // Through a staging buffer, so every displacement fits an int whatever the block sizes.
+    int64_t at = 0;
+    for (int r = 0; r < N; ++r) rd[size_t(r)] = at, at += rc[size_t(r)];
+    stage.resize(size_t(std::max<int64_t>(at, 1)));
+    Comm::RequestPtr q = comm_.ialltoallv(src + std::min<int64_t>(off, int64_t(bytes)), sc.data(), sd.data(),
+                                          stage.data(), rc.data(), rd.data(), label);
+    comm_.wait(q);
+    if (me == root)
+      for (int r = 0; r < N; ++r)
+        if (rc[size_t(r)] > 0)
+          std::memcpy(out.data() + displs[size_t(r)] + off, stage.data() + rd[size_t(r)], size_t(rc[size_t(r)]));
+  }
+}
+
 void CommDataParallel::broadcast_bytes(void* data, size_t bytes, int root, const char* label) {
   if (size() > 1) comm_.bcast(data, int64_t(bytes), root, label);
 }

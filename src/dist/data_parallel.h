@@ -11,6 +11,8 @@
 //    way so the byte counts cover it), then the all-gather.
 //  - allgather_ranges / allgatherv_bytes / broadcast / barrier: the backend's, cut into rounds
 //    that keep every count within an int.
+//  - gatherv_bytes: the sizes all-gathered, then rounds of all-to-alls in which every rank
+//    sends only to the root (at most bucket_bytes each per round).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -31,6 +33,8 @@ class CommDataParallel : public DataParallel {
   void allreduce_sum_i64(int64_t* v, int64_t n, const char* label) override;
   void allgatherv_bytes(const void* mine, size_t bytes, std::vector<unsigned char>& out, std::vector<size_t>* counts,
                         const char* label) override;
+  void gatherv_bytes(const void* mine, size_t bytes, int root, std::vector<unsigned char>& out,
+                     std::vector<size_t>* counts, const char* label) override;
   void broadcast_bytes(void* data, size_t bytes, int root, const char* label) override;
   void barrier(const char* label) override;
   Comm& comm() { return comm_; }

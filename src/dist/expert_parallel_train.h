@@ -18,8 +18,13 @@
 //  - Gradients: the owner accumulates each source rank's contribution in its own buffer (as
 //    that rank's thread would in one process), so reduce_gradients can sum them in world
 //    rank order, bit for bit the single process's thread-order sum; with N/G > 1 replicas the
-//    owners' buffers are first all-gathered over the replica communicator. The price: per MoE
-//    layer, G buffers of E/G experts (the size of all the layer's experts) on every rank.
+//    owners' buffers are first all-gathered over the replica communicator (a few experts at a
+//    time). The price: per MoE layer, G - 1 buffers of E/G experts besides the experts' own
+//    gradient (this rank's tokens accumulate there): together the size of all the layer's
+//    experts, as one process of N threads holds a gradient buffer per thread; it does not
+//    shrink with G. Fused (per_source false), the sources accumulate into the experts' own
+//    gradient in rank order within each call (no accumulators; not the single process's
+//    summation: equal to rounding, deterministic).
 // Byte counts (comm.h) go to this object's communicators, labelled ep.fwd.counts,
 // ep.fwd.dispatch, ep.fwd.combine, ep.bwd.dispatch, ep.bwd.combine and ep.grad.replicas;
 // stats() merges them. MPI only (the sub-communicators are MPI's).
@@ -37,8 +42,12 @@ namespace k3::dist {
 
 class CommExpertTraining : public ExpertParallelTraining, public ExpertTrainExchange {
  public:
-  // world: the job's communicator (its size a multiple of group_size).
-  CommExpertTraining(const MpiComm& world, int group_size);
+  // world: the job's communicator (its size a multiple of group_size). per_source = false
+  // (--ep-accumulate fused): every source's rows accumulate into the expert's one gradient,
+  // the sources in rank order per MoE layer call: no accumulators, deterministic, but a
+  // different float summation than one process (equal to float rounding, not bitwise).
+  CommExpertTraining(const MpiComm& world, int group_size, bool per_source = true);
+  bool per_source() const { return per_source_; }
   int size() const override { return G_; }
   int rank() const override { return j_; }
   int group() const override { return g_; }
@@ -72,10 +81,12 @@ class CommExpertTraining : public ExpertParallelTraining, public ExpertTrainExch
 
   std::unique_ptr<MpiComm> group_, replica_;
   int G_ = 1, j_ = 0, g_ = 0, D_ = 1;
+  bool per_source_ = true;
   std::vector<Frame> frames_;
   size_t depth_ = 0;  // frames in use (MoE layers forwarded and not yet backpropagated)
   std::vector<std::vector<ExpertGrad>> bound_;
-  std::vector<std::vector<float>> acc_;  // per layer: [G sources][E/G experts][w1 | w3 | w2]
+  std::vector<std::vector<float>> acc_;  // per layer: [G - 1 other sources][E/G experts][w1 | w3 | w2]
+  static constexpr int64_t kReplicaChunkBytes = int64_t(8) << 20;  // gathered at once in reduce_gradients
   int64_t n_in_ = 0, F_ = 0;
   std::vector<int64_t> sc_, sd_, rc_, rd_;  // per-peer byte counts and displacements
   std::vector<float> out_, work_, dyr_;  // grow only: steady-state calls do not allocate

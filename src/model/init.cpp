@@ -140,7 +140,9 @@ WeightStore init_weights(const K3Config& cfg, const InitOptions& opt,
       for (size_t i = g0; i < g1; ++i) {
         const ParamSpec& s = specs[i];
         const InitRule rule = init_rule(s);
-        if (lay.in_buffer(i)) {
+        if (s.component == Component::RoutedExperts && opt.keep_expert && !opt.keep_expert(s.expert)) {
+          // another rank's expert: left zero (untouched)
+        } else if (lay.in_buffer(i)) {
           init_tensor(w.param(i), s.numel(), s, rule, opt.seed, opt.std, cfg.num_hidden_layers);
         } else {  // MXFP4-held routed expert: draw in f32, quantise
           tmp.resize(size_t(s.numel()));

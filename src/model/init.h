@@ -39,6 +39,10 @@ struct InitOptions {
   uint64_t seed = 0;
   ExpertStorage experts = ExpertStorage::Plain;  // Mxfp4: experts drawn in f32, then quantised
   double std = 0.02;                             // the Normal rule's standard deviation
+  // Expert parallelism: routed experts it rejects (by expert index) are left zero and never
+  // written, so their pages take no memory; every tensor has its own stream (seed, name), so
+  // the kept ones are drawn exactly as in a whole init.
+  std::function<bool(int64_t expert)> keep_expert;
 };
 
 // A freshly initialised store. progress(done, total) is called from the calling thread after

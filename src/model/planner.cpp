@@ -393,6 +393,10 @@ DataParallelComm project_data_parallel(const K3Config& c, int64_t ranks, int64_t
   d.ep_trunk_grad_bytes = 2.0 * 4.0 * double(d.grad_floats - d.expert_floats) * f;
   d.ep_replica_grad_bytes = 4.0 * double(d.expert_floats) * double(ranks / ep - 1);
   d.ep_opt_state_bytes = 8.0 * (double(d.trained - expert_trained) + double(expert_trained) / double(ep));
+  d.ep_opt_state_bytes_zero1 = 8.0 * (double(d.trained - expert_trained) / double(ranks) + double(expert_trained) / double(ep));
+  const double held = 4.0 * (double(d.grad_floats - d.expert_floats) + double(d.expert_floats) / double(ep));
+  d.ep_weight_bytes = held;
+  d.ep_grad_held_bytes = held + 4.0 * double(d.expert_floats) * double(ep - 1) / double(ep);
   return d;
 }
 

@@ -114,7 +114,9 @@ Placement place(const K3Config& c, WeightStorage s, int64_t gpus, double gpu_mem
 // reduction then covers the trunk only: 8 T (N-1)/N per rank and step, T = G minus the
 // routed experts' floats; the owners of the same experts in the N/ep groups exchange their
 // per-source accumulators, 4 X (N/ep - 1) per rank and step, X = the routed experts' floats
-// (all of a layer's experts: E/ep experts x ep sources).
+// (all of a layer's experts: E/ep experts x ep sources). Held per rank: weights 4 (T + X/ep),
+// gradients the same plus the other ep - 1 sources' accumulators 4 X (ep-1)/ep, optimiser
+// state 8 (P_T + X/ep), P_T/N of the trunk's with ZeRO-1 (P_T its trained elements).
 struct DataParallelComm {
   int64_t ranks = 0, bins = 0, ep = 1;
   int64_t grad_floats = 0, trained = 0, hist_ints = 0, moe_layers = 0, expert_floats = 0;
@@ -124,6 +126,9 @@ struct DataParallelComm {
   double ep_train_bytes_per_token = 0;             // forward + backward, all MoE layers, f32, all ranks
   double ep_trunk_grad_bytes = 0, ep_replica_grad_bytes = 0;  // per rank per step (with ep > 1)
   double ep_opt_state_bytes = 0;                   // per rank: the trunk's and 1/ep of the experts'
+  double ep_opt_state_bytes_zero1 = 0;             // the same with the trunk's split over all ranks
+  double ep_weight_bytes = 0;     // per rank: 4 (T + X/ep), the trunk and the rank's own experts
+  double ep_grad_held_bytes = 0;  // per rank: that gradient + the other sources' accumulators, 4 X (ep-1)/ep
 };
 DataParallelComm project_data_parallel(const K3Config& c, int64_t ranks, int64_t qb_bins, int64_t ep = 1);
 

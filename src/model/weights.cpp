@@ -78,7 +78,7 @@ size_t ParamLayout::index(const std::string& name) const {
 
 WeightStore::WeightStore(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& held_as_bf16,
                          const std::vector<bool>& streamed)
-    : cfg_(cfg), layout_(cfg, experts, held_as_bf16, streamed), buffer_(Tensor::zeros(DType::F32, {layout_.total_floats()})) {
+    : cfg_(cfg), layout_(cfg, experts, held_as_bf16, streamed), buffer_(Tensor::zeros_mapped(DType::F32, {layout_.total_floats()})) {
   if (experts == ExpertStorage::Mxfp4) mx_.resize(layout_.size());
   if (layout_.any_bf16()) bf16_.resize(layout_.size());
 }

@@ -63,7 +63,7 @@ class ParamLayout {
 class WeightStore {
  public:
   WeightStore() = default;
-  // Zero-filled buffer; with Mxfp4 experts the MXFP4 slots start empty (set_mxfp4 fills them),
+  // Zero-filled buffer (Tensor::zeros_mapped: pages never written take no memory); with Mxfp4 experts the MXFP4 slots start empty (set_mxfp4 fills them),
   // as do the bf16-held matrices (set_bf16).
   WeightStore(const K3Config& cfg, ExpertStorage experts, const std::vector<bool>& bf16_held = {},
               const std::vector<bool>& streamed = {});

@@ -42,6 +42,10 @@ class DataParallel {
   // counts (optional) receives each rank's size.
   virtual void allgatherv_bytes(const void* mine, size_t bytes, std::vector<unsigned char>& out,
                                 std::vector<size_t>* counts, const char* label) = 0;
+  // The same concatenation on `root` only (the others' out is left empty): what a checkpoint
+  // needs on the rank that writes it, without a copy of everything on every rank.
+  virtual void gatherv_bytes(const void* mine, size_t bytes, int root, std::vector<unsigned char>& out,
+                             std::vector<size_t>* counts, const char* label) = 0;
   virtual void broadcast_bytes(void* data, size_t bytes, int root, const char* label) = 0;
   virtual void barrier(const char* label) = 0;
 
@@ -50,6 +54,16 @@ class DataParallel {
   std::vector<T> allgatherv(const T* mine, size_t n, const char* label, std::vector<size_t>* counts = nullptr) {
     std::vector<unsigned char> raw;
     allgatherv_bytes(mine, n * sizeof(T), raw, counts, label);
+    std::vector<T> out(raw.size() / sizeof(T));
+    if (!raw.empty()) __builtin_memcpy(out.data(), raw.data(), raw.size());
+    if (counts)
+      for (size_t& c : *counts) c /= sizeof(T);
+    return out;
+  }
+  template <typename T>
+  std::vector<T> gatherv(const T* mine, size_t n, int root, const char* label, std::vector<size_t>* counts = nullptr) {
+    std::vector<unsigned char> raw;
+    gatherv_bytes(mine, n * sizeof(T), root, raw, counts, label);
     std::vector<T> out(raw.size() / sizeof(T));
     if (!raw.empty()) __builtin_memcpy(out.data(), raw.data(), raw.size());
     if (counts)

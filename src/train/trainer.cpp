@@ -127,8 +127,13 @@ struct Trainer::Impl {
   // Expert parallel (opt.ep): all_refs, every optimiser parameter (checkpoint order);
   // local_refs, the indices of those this rank steps (the trunk and its own experts);
   // local_state_off: their offsets in this rank's optimiser state.
+  // keep_expert: this rank's routed experts (the others' weights and gradients are never
+  // written here: their pages take no memory); foreign_runs: the others' experts' [begin, end)
+  // in the flat buffers, adjacent ones merged.
   ExpertParallelTraining* ep = nullptr;
   ExpertSharding shard;
+  std::function<bool(int64_t)> keep_expert;
+  std::vector<std::pair<int64_t, int64_t>> foreign_runs;
   std::vector<ParamRef> all_refs;
   std::vector<size_t> local_refs;
   std::vector<int64_t> local_state_off;
@@ -172,8 +177,10 @@ struct Trainer::Impl {
 
   void setup();
   void setup_expert_parallel(const K3Config& cfg);
-  void sync_expert_weights();
-  std::vector<float> gathered_optimizer_state();
+  void sync_expert_weights(int root = -1);
+  void release_foreign_experts();
+  int64_t foreign_resident() const;
+  std::vector<float> gathered_optimizer_state(int root = -1);
   void resolve_vocabulary(const Corpus& corpus, const K3Config& cfg);
   void load_checkpoint(const K3Config& cfg);
   StepStats train_step();
@@ -197,9 +204,6 @@ void Trainer::Impl::setup() {
   if (ep && (!dp || NR % ep->size() != 0 || R != ep->group() * ep->size() + ep->rank()))
     fail("train: expert parallelism needs data-parallel ranks in groups of " + std::to_string(ep ? ep->size() : 0) +
          " (--ep must divide --dp's rank count)");
-  if (ep && opt.shard_optimizer && NR > 1)
-    fail("train: expert parallelism with a ZeRO-1 sharded trunk optimiser is not supported (pass --zero 0; the "
-         "experts' optimiser state is sharded by ownership)");
   for (size_t i = 0; i < run.stages.size() && NR > 1; ++i)
     if ((run.micro_batch_tokens / run.stages[i].seq_len) % NR != 0)
       fail_input(run.path, "micro_batch_tokens",
@@ -218,6 +222,15 @@ void Trainer::Impl::setup() {
   if (opt.resume && !exists) fail_input(ckpt_dir, "", "no checkpoint to resume (run without --resume to start)");
 
   const K3Config cfg = load_config(run.model_config);
+  if (ep) {
+    if (cfg.num_experts % ep->size() != 0)
+      fail_input(run.model_config, "num_experts",
+                 std::to_string(cfg.num_experts) + " routed experts per layer cannot be split over --ep " +
+                     std::to_string(ep->size()) + " ranks: make --ep divide it");
+    const int64_t per = cfg.num_experts / ep->size();
+    const int j = ep->rank();
+    if (ep->size() > 1) keep_expert = [per, j](int64_t e) { return e / per == j; };
+  }
   progress.message("train: " + machine_summary());  // the log's first line: CPU and SIMD target
   progress.message("train: loading corpus '" + run.data + "'");
   const Corpus corpus = load_corpus(run.data);
@@ -250,6 +263,7 @@ void Trainer::Impl::setup() {
   } else {
     InitOptions io;
     io.seed = run.init_seed >= 0 ? uint64_t(run.init_seed) : run.seed;
+    io.keep_expert = keep_expert;  // expert parallel: the others' experts are never drawn
     model = std::make_unique<K3Model>(init_weights(cfg, io));
     st.seed = run.seed;
     st.run_json = run_fp;
@@ -281,8 +295,9 @@ void Trainer::Impl::setup() {
   const int64_t total = model->weights().size();
   // One gradient buffer and scratch per thread; expert parallel runs its sequences one at a
   // time (the kernels take the threads), so one of each.
+  // Expert parallel: mapped, so the other ranks' experts' ranges, never written, take no memory.
   for (int t = 0; t < (opt.ep ? 1 : P); ++t) {
-    grads.push_back(Tensor::zeros(DType::F32, {total}));
+    grads.push_back(opt.ep ? Tensor::zeros_mapped(DType::F32, {total}) : Tensor::zeros(DType::F32, {total}));
     scratch.push_back(make_train_scratch());
   }
   OptimizerOptions oo;
@@ -303,13 +318,34 @@ void Trainer::Impl::setup() {
     bounds[size_t(r)] = owner_cut[size_t(r)] < refs.size() ? refs[owner_cut[size_t(r)]].g - grads[0].data<float>() : total;
   zero = dp && opt.shard_optimizer && NR > 1;
   if (ep) {
-    if (cfg.num_experts % ep->size() != 0)
-      fail_input(run.model_config, "num_experts",
-                 std::to_string(cfg.num_experts) + " routed experts per layer cannot be split over --ep " +
-                     std::to_string(ep->size()) + " ranks: make --ep divide it");
     if (vision) fail_input(run.path, "vision", "expert parallelism (--ep) of a run with images is not supported");
     all_refs = refs;
-    shard.build(refs, grads[0].data<float>(), total, cfg.num_experts, ep->size(), ep->rank(), ep->group());
+    shard.build(refs, grads[0].data<float>(), total, cfg.num_experts, ep->size(), ep->rank(), ep->group(), NR);
+    if (zero) {  // ZeRO-1 of the trunk over all NR ranks: whole parameters, as data parallelism cuts them
+      std::vector<ParamRef> trunk_refs;
+      for (size_t i = 0; i < refs.size(); ++i)
+        if (shard.owner[i] < 0) trunk_refs.push_back(refs[i]);
+      shard.shard_trunk(refs, grads[0].data<float>(), partition_params(trunk_refs, NR));
+    }
+    std::vector<std::pair<int64_t, int64_t>> foreign;
+    for (size_t i = 0; i < refs.size(); ++i)
+      if (shard.owner[i] >= 0 && shard.owner[i] != ep->rank()) {
+        const int64_t b = refs[i].w - model->weights().data();
+        foreign.emplace_back(b, b + refs[i].rows * refs[i].cols);
+      }
+    std::sort(foreign.begin(), foreign.end());
+    for (const auto& [b, e] : foreign)  // adjacent ones (only alignment padding between) merged
+      if (!foreign_runs.empty() && b <= (foreign_runs.back().second + ParamLayout::kParamAlign - 1) /
+                                            ParamLayout::kParamAlign * ParamLayout::kParamAlign)
+        foreign_runs.back().second = std::max(foreign_runs.back().second, e);
+      else
+        foreign_runs.emplace_back(b, e);
+    if (opt.resume && keep_expert) {  // every rank read the same trunk (rank 0 checked the whole hash)
+      std::vector<float> t(size_t(shard.trunk_elems));
+      shard.pack(model->weights().data(), t.data());
+      const std::string h = content_hash(t.data(), t.size() * sizeof(float));
+      dp->check_identical(h.data(), h.size(), "resumed trunk weights");
+    }
     std::vector<ParamRef> mine;
     std::vector<double> mine_scale;
     local_state_off.assign(1, 0);
@@ -324,7 +360,7 @@ void Trainer::Impl::setup() {
     lr_scale = std::move(mine_scale);
     trunk_buf.resize(size_t(shard.trunk_elems));
   }
-  if (zero) {
+  if (zero && !ep) {
     const auto b = int64_t(owner_cut[size_t(R)]), e = int64_t(owner_cut[size_t(R) + 1]);
     refs = std::vector<ParamRef>(refs.begin() + b, refs.begin() + e);
     lr_scale = std::vector<double>(lr_scale.begin() + b, lr_scale.begin() + e);
@@ -332,10 +368,10 @@ void Trainer::Impl::setup() {
   optim = std::make_unique<ShardedOptimizer>(std::move(refs), oo, 4 * P, lr_scale);
   if (opt.resume) {
     if (int64_t(opt_state.size()) != state_off.back()) fail_input(ckpt_dir, "train_state", "optimizer state size");
-    if (zero)  // this rank's parameters' moments (the checkpoint holds every parameter's)
+    if (zero && !ep)  // this rank's parameters' moments (the checkpoint holds every parameter's)
       opt_state = std::vector<float>(opt_state.begin() + state_off[owner_cut[size_t(R)]],
                                      opt_state.begin() + state_off[owner_cut[size_t(R) + 1]]);
-    if (ep) {  // the trunk's and this rank's experts' moments: any layout resumes any checkpoint
+    if (ep) {  // the trunk's (or its ZeRO-1 share) and this rank's experts' moments: any layout resumes any checkpoint
       std::vector<float> mine;
       for (size_t i : local_refs) mine.insert(mine.end(), opt_state.begin() + state_off[i], opt_state.begin() + state_off[i + 1]);
       opt_state = std::move(mine);
@@ -466,11 +502,17 @@ void Trainer::Impl::load_checkpoint(const K3Config& cfg) {
     fail_input(tsp, "stage", "the saved stage position does not fit the run's stages");
   LoadOptions lo;
   lo.dequantize_experts = true;
+  // Expert parallel: rank 0 loads the whole model to check its hash, then gives the other
+  // ranks' experts back; the others never convert them.
+  if (keep_expert && R != 0) lo.keep_expert = keep_expert, lo.log = [](const std::string&) {};
   model = std::make_unique<K3Model>(load_model(md, lo));
-  const std::string h = content_hash(model->weights().data(), size_t(model->weights().size()) * sizeof(float));
-  if (h != st.weights_hash)
-    fail_input(ckpt_dir, "weights", "content hash " + h + " does not match the " + st.weights_hash +
-                                        " recorded in train_state.safetensors (corrupted or replaced weights)");
+  if (!lo.keep_expert) {
+    const std::string h = content_hash(model->weights().data(), size_t(model->weights().size()) * sizeof(float));
+    if (h != st.weights_hash)
+      fail_input(ckpt_dir, "weights", "content hash " + h + " does not match the " + st.weights_hash +
+                                          " recorded in train_state.safetensors (corrupted or replaced weights)");
+  }
+  if (keep_expert && R == 0) model->weights().release_routed_experts(keep_expert);
 }
 
 std::vector<double> Trainer::Impl::step_maxvio() const {
@@ -499,8 +541,13 @@ StepStats Trainer::Impl::train_step() {
   const bool par = P > 1 && nl > 1 && !ep;  // expert parallel: one sequence at a time (MPI from the main thread)
   if (ep) ep->begin_step();
   // Zero the gradient buffers (each thread its own: first touch stays local).
+  if (ep) {  // the trunk only: the own experts' are zeroed by begin_step, the others' never touched
+    float* g = grads[0].data<float>();
+    for (const auto& [b, e] : shard.trunk) std::memset(g + b, 0, sizeof(float) * size_t(e - b));
+  } else {
 #pragma omp parallel for schedule(static) num_threads(P)
-  for (int t = 0; t < int(grads.size()); ++t) std::memset(grads[size_t(t)].data<float>(), 0, sizeof(float) * size_t(total));
+    for (int t = 0; t < int(grads.size()); ++t) std::memset(grads[size_t(t)].data<float>(), 0, sizeof(float) * size_t(total));
+  }
 
   seqs.resize(size_t(nl * (T + 1)));
   skip_seq.resize(size_t(T + 1));
@@ -586,11 +633,10 @@ StepStats Trainer::Impl::train_step() {
     if (ep) {
       // The trunk as data parallelism reduces it (packed: the routed experts are not in it);
       // the experts on their owners, summed in the same rank order.
+      // Under ZeRO-1 only each rank's owned trunk parameters are summed (the rest of the
+      // unpacked trunk is left partial: nobody steps it here).
       shard.pack(g0, trunk_buf.data());
-      const int64_t n = shard.trunk_elems;
-      std::vector<int64_t> tb(size_t(NR) + 1);
-      for (int r = 0; r <= NR; ++r) tb[size_t(r)] = n * r / NR;
-      dp->reduce_sum_ordered(trunk_buf.data(), n, tb, true, "grad.reduce");
+      dp->reduce_sum_ordered(trunk_buf.data(), shard.trunk_elems, shard.trunk_bounds, !zero, "grad.reduce");
       shard.unpack(trunk_buf.data(), g0);
       ep->reduce_gradients();
     } else {
@@ -634,7 +680,13 @@ StepStats Trainer::Impl::train_step() {
   const double lr = wsd_lr(st.stage_step, nsteps, sc.lr_peak, sc.lr_end, sc.warmup_steps,
                            std::llround(sc.decay_frac * double(nsteps)));
   optim->step(lr);
-  if (zero) dp->allgather_ranges(model->weights().data(), bounds, "param.allgather");
+  if (zero && ep) {  // the trunk's owners' updates to every rank (packed: no expert range is touched)
+    shard.pack(model->weights().data(), trunk_buf.data());
+    dp->allgather_ranges(trunk_buf.data(), shard.trunk_bounds, "param.allgather");
+    shard.unpack(trunk_buf.data(), model->weights().data());
+  } else if (zero) {
+    dp->allgather_ranges(model->weights().data(), bounds, "param.allgather");
+  }
   if (balancer) balancer->update(biases);  // QB: the new biases route the next step
   if (dp && balancer) {
     std::vector<float> all_bias;
@@ -694,7 +746,13 @@ StepStats Trainer::Impl::train_step() {
 }
 
 EvalResult Trainer::Impl::evaluate(int64_t T, int64_t max_tokens) {
-  sync_expert_weights();  // expert parallel: every rank evaluates its windows with every expert
+  // Expert parallel: every rank evaluates its windows with every expert, gathered for the
+  // evaluation and given back after it.
+  sync_expert_weights();
+  struct Release {
+    Impl* m;
+    ~Release() { m->release_foreign_experts(); }
+  } release{this};
   const int64_t avail = T > 0 ? (int64_t(data.heldout.size()) - 1) / T : 0;
   if (avail < 1)
     fail("evaluate: the held-out stream (" + std::to_string(data.heldout.size()) + " tokens) holds no window of " +
@@ -812,11 +870,29 @@ void Trainer::Impl::save() {
   st.data_epoch = running ? stream->epoch() : 0;
   st.data_cursor = running ? stream->cursor() : 0;
   st.optimizer_steps = optim->steps();
-  sync_expert_weights();
-  st.weights_hash = content_hash(model->weights().data(), size_t(model->weights().size()) * sizeof(float));
+  if (ep) {
+    // Every rank the same trunk, every replica the same experts; then rank 0 alone gathers
+    // the experts (and the optimiser state) to write them, and gives them back afterwards.
+    shard.pack(model->weights().data(), trunk_buf.data());
+    const std::string th = content_hash(trunk_buf.data(), trunk_buf.size() * sizeof(float));
+    dp->check_identical(th.data(), th.size(), "trunk weights");
+    std::string mine;
+    for (size_t i = 0; i < all_refs.size(); ++i)
+      if (shard.owner[i] == ep->rank()) mine += content_hash(all_refs[i].w, size_t(all_refs[i].rows * all_refs[i].cols) * 4);
+    const std::string eh = content_hash(mine.data(), mine.size());
+    const std::vector<char> all = dp->allgatherv(eh.data(), eh.size(), "check.experts");
+    for (int r = 0; r < NR; ++r)
+      if (std::string(all.data() + size_t(r) * eh.size(), eh.size()) !=
+          std::string(all.data() + size_t(r % ep->size()) * eh.size(), eh.size()))
+        fail("expert parallelism: rank " + std::to_string(r) + "'s experts differ from rank " +
+             std::to_string(r % ep->size()) + "'s, which own the same ones; the ranks have diverged");
+    sync_expert_weights(0);
+  }
+  if (R == 0 || !ep)
+    st.weights_hash = content_hash(model->weights().data(), size_t(model->weights().size()) * sizeof(float));
   if (vision) st.vision_cursor = vision->cursor(), st.vision_hash = vision->params_hash();
-  if (dp) dp->check_identical(st.weights_hash.data(), st.weights_hash.size(), "weights");
-  opt_state = gathered_optimizer_state();
+  if (dp && !ep) dp->check_identical(st.weights_hash.data(), st.weights_hash.size(), "weights");
+  opt_state = gathered_optimizer_state(0);
   SaveOptions so;
   so.before_commit = [&](const std::string& tmp) {
     vocab.save(tmp);  // the checkpoint is a model directory: tokenizer beside config and weights
@@ -833,6 +909,7 @@ void Trainer::Impl::save() {
   };
   if (R == 0) save_checkpoint(ckpt_dir, model->weights(), so);  // data parallel: rank 0 writes it
   if (dp) dp->barrier("checkpoint.written");  // no rank runs ahead of the checkpoint
+  if (ep && R == 0) release_foreign_experts();
   opt_state.clear();
   opt_state.shrink_to_fit();
   last_saved_step = st.step;
@@ -946,9 +1023,15 @@ int64_t Trainer::stage_steps(size_t stage) const { return impl_->steps_of.at(sta
 std::vector<float> Trainer::last_gradients() {
   Impl& m = *impl_;
   float* g = m.grads[0].data<float>();
-  std::vector<float> out(g, g + m.model->weights().size());
-  if (m.zero) m.dp->allgather_ranges(out.data(), m.bounds, "last_gradients");
-  if (m.ep) {  // the experts' from their owners
+  std::vector<float> out;
+  if (m.ep) {  // the trunk's ranges only (the other ranks' experts' are never read: they take no memory)
+    out.assign(size_t(m.model->weights().size()), 0.f);
+    for (const auto& [b, e] : m.shard.trunk) std::memcpy(out.data() + b, g + b, sizeof(float) * size_t(e - b));
+  } else {
+    out.assign(g, g + m.model->weights().size());
+  }
+  if (m.zero && !m.ep) m.dp->allgather_ranges(out.data(), m.bounds, "last_gradients");
+  if (m.ep) {  // every parameter's from its holder (the experts' owners, the trunk's ZeRO-1 owners)
     const std::vector<ParamRef>& refs = m.all_refs;
     const std::vector<float> all = m.shard.assemble<float>(
         *m.dp, refs.size(), [&](size_t i) { return size_t(refs[i].rows * refs[i].cols); },
@@ -964,37 +1047,81 @@ std::vector<float> Trainer::last_gradients() {
 
 std::vector<float> Trainer::optimizer_state() { return impl_->gathered_optimizer_state(); }
 
-void Trainer::sync_expert_weights() { impl_->sync_expert_weights(); }
+void Trainer::sync_expert_weights(int root) { impl_->sync_expert_weights(root); }
+void Trainer::release_foreign_experts() { impl_->release_foreign_experts(); }
+int64_t Trainer::foreign_expert_resident_bytes() const { return impl_->foreign_resident(); }
 
-// Every parameter's moments in checkpoint order: gathered from the ZeRO-1 owners, or from the
-// experts' owners under expert parallelism.
-std::vector<float> Trainer::Impl::gathered_optimizer_state() {
+// Every parameter's moments in checkpoint order (on every rank, or on root only): gathered
+// from the ZeRO-1 owners, or from the experts' (and the trunk's ZeRO-1) owners under expert
+// parallelism.
+std::vector<float> Trainer::Impl::gathered_optimizer_state(int root) {
   std::vector<float> s;
   optim->get_state(s);
-  if (zero) s = dp->allgatherv(s.data(), s.size(), "optimizer_state");
+  if (zero && !ep) s = root < 0 ? dp->allgatherv(s.data(), s.size(), "optimizer_state") : dp->gatherv(s.data(), s.size(), root, "optimizer_state");
   if (ep) {
     std::vector<int64_t> at(all_refs.size(), -1);
     for (size_t j = 0; j < local_refs.size(); ++j) at[local_refs[j]] = local_state_off[j];
     s = shard.assemble<float>(
         *dp, all_refs.size(), [&](size_t i) { return size_t(2 * all_refs[i].rows * all_refs[i].cols); },
-        [&](size_t i) { return static_cast<const float*>(s.data() + at[i]); }, "optimizer_state");
+        [&](size_t i) { return static_cast<const float*>(s.data() + at[i]); }, "optimizer_state", root, [&] {
+          if (zero) std::vector<float>().swap(s);  // ZeRO-1: every moment has a holder, s is not read again
+        });
   }
   return s;
 }
 
-// Expert parallel: every rank's copy of every routed expert set to its owner's (group 0), so
-// a rank can evaluate, hash and write the whole model (the training steps use only its own).
-void Trainer::Impl::sync_expert_weights() {
-  if (!ep) return;
+// Expert parallel: every rank's copy (root < 0) or root's of every routed expert set to its
+// owner's (group 0), so a rank can evaluate, hash and write the whole model (the training
+// steps use only its own). A few MiB of experts at a time, so nothing but the weight buffer
+// grows by the whole experts.
+void Trainer::Impl::sync_expert_weights(int root) {
+  if (!ep || ep->size() == 1) return;
   const std::vector<ParamRef>& refs = all_refs;
-  const std::vector<float> all = shard.assemble<float>(
-      *dp, refs.size(), [&](size_t i) { return size_t(refs[i].rows * refs[i].cols); },
-      [&](size_t i) { return static_cast<const float*>(refs[i].w); }, "ep.weights.gather");
-  size_t at = 0;
-  for (const ParamRef& p : refs) {
-    if (shard.owner[size_t(&p - refs.data())] >= 0) std::memcpy(p.w, all.data() + at, sizeof(float) * size_t(p.rows * p.cols));
-    at += size_t(p.rows * p.cols);
+  std::vector<size_t> ex;  // the routed experts' parameters, in order
+  for (size_t i = 0; i < refs.size(); ++i)
+    if (shard.owner[i] >= 0) ex.push_back(i);
+  const int64_t chunk_floats = int64_t(4) << 20;
+  std::vector<float> mine;
+  for (size_t a = 0; a < ex.size();) {
+    size_t b = a;
+    int64_t n = 0;
+    while (b < ex.size() && (b == a || n + refs[ex[b]].rows * refs[ex[b]].cols <= chunk_floats))
+      n += refs[ex[b]].rows * refs[ex[b]].cols, ++b;
+    mine.clear();
+    for (size_t k = a; k < b; ++k)
+      if (shard.holder[ex[k]] == R) mine.insert(mine.end(), refs[ex[k]].w, refs[ex[k]].w + refs[ex[k]].rows * refs[ex[k]].cols);
+    std::vector<size_t> counts;
+    const std::vector<float> all = root < 0 ? dp->allgatherv(mine.data(), mine.size(), "ep.weights.gather", &counts)
+                                            : dp->gatherv(mine.data(), mine.size(), root, "ep.weights.gather", &counts);
+    if (root < 0 || root == R) {
+      std::vector<size_t> cursor(counts.size(), 0);
+      for (size_t r = 1; r < counts.size(); ++r) cursor[r] = cursor[r - 1] + counts[r - 1];
+      for (size_t k = a; k < b; ++k) {
+        const ParamRef& p = refs[ex[k]];
+        const size_t c = size_t(p.rows * p.cols);
+        size_t& at = cursor[size_t(shard.holder[ex[k]])];
+        if (shard.owner[ex[k]] != ep->rank()) std::memcpy(p.w, all.data() + at, sizeof(float) * c);
+        at += c;
+      }
+    }
+    a = b;
   }
+}
+
+// Expert parallel: the other ranks' experts' pages of the weight buffer back to the system
+// (they read as zeros until the next gather); the gradient buffer's were never written.
+void Trainer::Impl::release_foreign_experts() {
+  float* w = model->weights().data();
+  for (const auto& [b, e] : foreign_runs) release_pages(w + b, sizeof(float) * size_t(e - b));
+}
+
+int64_t Trainer::Impl::foreign_resident() const {
+  int64_t n = 0;
+  const float* w = model->weights().data();
+  const float* g = grads[0].data<float>();
+  for (const auto& [b, e] : foreign_runs)
+    n += resident_bytes(w + b, sizeof(float) * size_t(e - b)) + resident_bytes(g + b, sizeof(float) * size_t(e - b));
+  return n;
 }
 
 // Expert parallel: where the owner's summed expert gradients go (grads[0], the optimiser's).

@@ -70,9 +70,12 @@ struct TrainOptions {
   bool shard_optimizer = true;
   // Expert parallel (with dp; docs/distributed.md): the ranks form groups of ep->size(), each
   // rank of a group owning, computing and stepping 1/ep->size() of every MoE layer's routed
-  // experts; the sequences still split over all dp ranks. The trunk's optimiser is replicated
-  // (shard_optimizer must be false); sequences run one at a time on each rank (the kernels
-  // use the threads). nullptr: every rank holds every expert.
+  // experts; the sequences still split over all dp ranks. A rank holds the weights,
+  // gradients and optimiser state of the trunk and of its own experts only (the others'
+  // ranges of the weight and gradient buffers are never written, so they take no memory);
+  // with shard_optimizer the trunk's optimiser state is split over all dp ranks (ZeRO-1);
+  // sequences run one at a time on each rank (the kernels use the threads). nullptr: every
+  // rank holds every expert.
   ExpertParallelTraining* ep = nullptr;
 };
 
@@ -133,8 +136,13 @@ class Trainer {
   std::vector<float> last_gradients();
   // Expert parallel: every rank's copy of every routed expert set to its owner's (collective;
   // evaluation and checkpoints do it themselves; nothing to do otherwise). For tests reading
-  // model() between steps.
-  void sync_expert_weights();
+  // model() between steps, or (root >= 0) on that rank only, e.g. to sample from the trained
+  // model; release_foreign_experts() gives the others' experts back again.
+  void sync_expert_weights(int root = -1);
+  void release_foreign_experts();
+  // Expert parallel: bytes of other ranks' routed experts resident in this rank's weight and
+  // gradient buffers (mincore; whole pages inside their ranges); 0 otherwise. For tests.
+  int64_t foreign_expert_resident_bytes() const;
 
  private:
   struct Impl;

@@ -15,7 +15,9 @@ K3Config tiny_config(int64_t block_size, int64_t expert_width) {
 }
 
 K3Model random_model(const K3Config& c, uint64_t seed, ExpertStorage ex) {
-  WeightStore w = init_weights(c, {seed, ex});
+  InitOptions io;
+  io.seed = seed, io.experts = ex;
+  WeightStore w = init_weights(c, io);
   for (size_t i = 0; i < w.layout().size(); ++i) {
     const ParamSpec& s = w.layout().spec(i);
     const InitRule r = init_rule(s);

@@ -50,9 +50,12 @@ struct Trace {
   std::vector<std::string> grads_hash, weights_hash;
   std::vector<float> weights, opt_state;
   std::string evals, ckpt_weights_hash, ckpt_opt_hash;
+  // Expert parallel: the other ranks' experts' bytes resident in this rank's weight and
+  // gradient buffers at the end of the run, and after gathering them (the probe sees pages).
+  int64_t foreign_resident = -1, foreign_resident_synced = -1;
 };
 
-// ep (optional): expert parallel over dp's ranks (zero must then be false).
+// ep (optional): expert parallel over dp's ranks (zero: ZeRO-1 of the trunk).
 inline Trace trace_run(const std::string& run_path, const std::string& out, int threads, DataParallel* dp, bool zero,
                        ExpertParallelTraining* ep = nullptr) {
   TrainOptions o;
@@ -75,9 +78,13 @@ inline Trace trace_run(const std::string& run_path, const std::string& out, int 
     t.sync_expert_weights();
     const WeightStore& w = t.model().weights();
     tr.weights_hash.push_back(content_hash(w.data(), size_t(w.size()) * sizeof(float)));
+    t.release_foreign_experts();  // back to what training holds
   }
   t.run();  // the final checkpoint
+  tr.foreign_resident = t.foreign_expert_resident_bytes();
   tr.opt_state = t.optimizer_state();
+  t.sync_expert_weights();
+  tr.foreign_resident_synced = t.foreign_expert_resident_bytes();
   const WeightStore& w = t.model().weights();
   tr.weights.assign(w.data(), w.data() + w.size());
   if (!dp || dp->rank() == 0) {
