@@ -4,6 +4,8 @@
 #include <map>
 #include <tuple>
 
+#include "posttrain/image_task.h"
+
 namespace k3 {
 
 namespace {
@@ -20,7 +22,7 @@ struct Acc {
 
 nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, const ArithFamily& f,
                               const ArithEvalOptions& o) {
-  using Key = std::tuple<int, char, int, bool>;
+  using Key = std::tuple<int, char, int, bool, int>;  // digits, op, effort, tool, carry (-1: text)
   std::map<Key, Acc> buckets;
   Acc all;
   std::vector<Trajectory> ts;
@@ -36,7 +38,8 @@ nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, cons
     advance(model, vocab, ptr, int64_t(ptr.size()), 0, ro);
     for (size_t p = 0; p < items.size(); ++p) {
       const ArithItem& it = items[p];
-      Acc& b = buckets[Key{it.problem.digits, it.problem.op, int(it.effort), it.tool}];
+      const int carry = o.image ? image_carry(it.problem) : -1;
+      Acc& b = buckets[Key{it.problem.digits, it.problem.op, int(it.effort), it.tool, carry}];
       bool any = false;
       int64_t n_ok = 0;
       for (int64_t s = 0; s < o.samples; ++s) {
@@ -52,17 +55,20 @@ nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, cons
         }
       }
       for (Acc* a : {&b, &all}) a->problems++, a->any += any;
-      per_problem.push_back({it.problem.digits, std::string(1, it.problem.op), chat::effort_name(it.effort), it.tool, n_ok});
+      nlohmann::json pp = {it.problem.digits, std::string(1, it.problem.op), chat::effort_name(it.effort), it.tool, n_ok};
+      if (carry >= 0) pp.push_back(carry);
+      per_problem.push_back(pp);
     }
     ts.clear();
     items.clear();
   };
   for (int64_t i = 0; i < f.problems; ++i) {
-    const ArithItem it = arith_item(f, i);
+    const ArithItem it = o.image ? image_arith_item(f, i, true) : arith_item(f, i);
     items.push_back(it);
     for (int64_t s = 0; s < o.samples; ++s) {
-      Trajectory t = make_trajectory(prompt_conversation(it.problem, it.effort, it.tool), vocab,
-                                     uint64_t(i) * 1000003ull + uint64_t(s));
+      const uint64_t id = uint64_t(i) * 1000003ull + uint64_t(s);
+      Trajectory t = o.image ? make_image_trajectory(*o.image, it.problem, it.effort, vocab, id)
+                             : make_trajectory(prompt_conversation(it.problem, it.effort, it.tool), vocab, id);
       t.answer = it.problem.answer();
       t.effort = it.effort;
       t.tool = it.tool;
@@ -82,6 +88,7 @@ nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, cons
     j["op"] = std::string(1, std::get<1>(k));
     j["effort"] = chat::effort_name(chat::Effort(std::get<2>(k)));
     j["tool"] = std::get<3>(k);
+    if (std::get<4>(k) >= 0) j["carry"] = std::get<4>(k) == 1;
     out["buckets"].push_back(j);
   }
   return out;

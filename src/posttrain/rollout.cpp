@@ -131,8 +131,15 @@ RolloutStats advance(const K3Model& model, const ChatVocab& vocab, std::vector<T
     t.ids.push_back(tok), t.gen.push_back(1), t.behav_logp.push_back(float(lp)), t.version.push_back(version);
     t.generated++, st.tokens++;
     t.to_feed.clear();
-    if (tok == vocab.markers.end_of_msg || (vocab.eos && tok == *vocab.eos)) end_turn(t, vocab, o);
-    else t.to_feed = {tok};
+    if (t.image_tokens > 0 && tok == t.media_id) {
+      // An image placeholder is no reply token: the reply ends there unanswered (malformed), and
+      // the placeholder, never fed back, stays a target only (every input placeholder is the image's).
+      t.finished = true, t.finish = "media";
+    } else if (tok == vocab.markers.end_of_msg || (vocab.eos && tok == *vocab.eos)) {
+      end_turn(t, vocab, o);
+    } else {
+      t.to_feed = {tok};
+    }
     if (!t.finished && t.generated >= t.budget) t.finished = true, t.finish = "budget";
   };
   ForwardOptions pre;
@@ -145,7 +152,8 @@ RolloutStats advance(const K3Model& model, const ChatVocab& vocab, std::vector<T
       if (t->finished) continue;
       if (!t->started) {
         t->state = model.new_state();
-        model.forward(logits.data(), t->ids.data(), int64_t(t->ids.size()), t->state, fs, pre);
+        EmbedSpliceT<float> sp;
+        model.forward(logits.data(), t->ids.data(), int64_t(t->ids.size()), t->state, fs, pre, nullptr, t->splice(sp));
         t->started = true, st.prefills++;
         on_logits(*t, logits.data());
       } else if (t->to_feed.size() > 1) {
