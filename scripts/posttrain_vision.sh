@@ -23,10 +23,10 @@ HERE=$(cd "$(dirname "$0")/.." && pwd)
 K3CPP=${K3CPP:-$HERE/build/k3cpp}
 THREADS=${THREADS:-2}
 case "$SCALE" in
-  vision)      D_VIS=/work/vision-more/checkpoint; D_SFT_STEPS=150; D_SFT_BATCH=16; D_SFT_LR=1e-3
-               D_RL_STEPS=150; D_PROMPTS=8; D_G=8; D_LR=1e-4; D_EVAL=256; D_K=8; D_BUDGET=24 ;;
+  vision)      D_VIS=/work/vision-more/checkpoint; D_SFT_STEPS=100; D_SFT_BATCH=16; D_SFT_LR=1e-3
+               D_RL_STEPS=80; D_PROMPTS=8; D_G=8; D_LR=2e-4; D_EVAL=200; D_K=8; D_BUDGET=40; D_VIS_EVAL=32 ;;
   vision-tiny) D_VIS=$HERE/tests/data/k3-release-tiny; D_SFT_STEPS=2; D_SFT_BATCH=2; D_SFT_LR=1e-3
-               D_RL_STEPS=2; D_PROMPTS=2; D_G=2; D_LR=1e-3; D_EVAL=2; D_K=2; D_BUDGET=4 ;;
+               D_RL_STEPS=2; D_PROMPTS=2; D_G=2; D_LR=1e-3; D_EVAL=2; D_K=2; D_BUDGET=4; D_VIS_EVAL=1 ;;
   *) echo "posttrain_vision.sh: scale must be vision or vision-tiny, got '$SCALE'" >&2; exit 2 ;;
 esac
 VIS=${VISION_CHECKPOINT:-$D_VIS}
@@ -36,6 +36,7 @@ VIS=${VISION_CHECKPOINT:-$D_VIS}
 SFT_STEPS=${SFT_STEPS:-$D_SFT_STEPS}; SFT_BATCH=${SFT_BATCH:-$D_SFT_BATCH}; SFT_LR=${SFT_LR:-$D_SFT_LR}
 RL_STEPS=${RL_STEPS:-$D_RL_STEPS}; RL_PROMPTS=${RL_PROMPTS:-$D_PROMPTS}; G=${G:-$D_G}; LR=${LR:-$D_LR}
 KL=${KL:-0.05}; EVAL_PROBLEMS=${EVAL_PROBLEMS:-$D_EVAL}; EVAL_K=${EVAL_K:-$D_K}; BUDGET=${BUDGET:-$D_BUDGET}
+VIS_EVAL=${VIS_EVAL:-$D_VIS_EVAL}
 EVAL_SEED=${EVAL_SEED:-4243}  # held-out problems no setting was chosen on (tuning used 977)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -72,8 +73,10 @@ rm -rf "$OUT/rl"
 "$K3CPP" rl --config "$OUT/rl.json" --out "$OUT/rl" --quiet > /dev/null
 T2=$(t)
 
-# 3. Held-out problems: the vision model as it is (chat format), the SFT model, the RL model.
-"$K3CPP" rl --config "$OUT/rl.json" --eval "$VIS" > "$OUT/eval-vision.json" 2>/dev/null
+# 3. Held-out problems: the SFT and RL models (the same problems and draws), and a check of the
+# vision model as it is on the first VIS_EVAL of them x 2 samples (it never saw chat turns).
+sed "s/\"problems\": $EVAL_PROBLEMS,/\"problems\": $VIS_EVAL,/" "$OUT/rl.json" > "$OUT/rl-vision-check.json"
+"$K3CPP" rl --config "$OUT/rl-vision-check.json" --eval "$VIS" --samples 2 > "$OUT/eval-vision.json" 2>/dev/null
 "$K3CPP" rl --config "$OUT/rl.json" --eval "$SFT" > "$OUT/eval-sft.json" 2>/dev/null
 "$K3CPP" rl --config "$OUT/rl.json" --eval "$OUT/rl/checkpoint" > "$OUT/eval-rl.json" 2>/dev/null
 T3=$(t)

@@ -65,10 +65,11 @@ nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, cons
   for (int64_t i = 0; i < f.problems; ++i) {
     const ArithItem it = o.image ? image_arith_item(f, i, true) : arith_item(f, i);
     items.push_back(it);
+    const Trajectory proto = o.image ? make_image_trajectory(*o.image, it.problem, it.effort, vocab, 0)
+                                     : make_trajectory(prompt_conversation(it.problem, it.effort, it.tool), vocab, 0);
     for (int64_t s = 0; s < o.samples; ++s) {
-      const uint64_t id = uint64_t(i) * 1000003ull + uint64_t(s);
-      Trajectory t = o.image ? make_image_trajectory(*o.image, it.problem, it.effort, vocab, id)
-                             : make_trajectory(prompt_conversation(it.problem, it.effort, it.tool), vocab, id);
+      Trajectory t = proto;
+      t.id = uint64_t(i) * 1000003ull + uint64_t(s);
       t.answer = it.problem.answer();
       t.effort = it.effort;
       t.tool = it.tool;

@@ -192,10 +192,12 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
     for (int64_t j = 0; j < c.prompts_per_step; ++j) {
       const int64_t item = step * c.prompts_per_step + j;
       const ArithItem it = train_item(item);
+      // The group's prompt, rendered (and its image encoded) once; members differ by id only.
+      const Trajectory proto = img ? make_image_trajectory(*img, it.problem, it.effort, vocab, 0)
+                                   : make_trajectory(prompt_conversation(it.problem, it.effort, it.tool), vocab, 0);
       for (int64_t g = 0; g < c.group_size; ++g) {
-        const uint64_t id = uint64_t(item) * 4096 + uint64_t(g);
-        Trajectory t = img ? make_image_trajectory(*img, it.problem, it.effort, vocab, id)
-                           : make_trajectory(prompt_conversation(it.problem, it.effort, it.tool), vocab, id);
+        Trajectory t = proto;
+        t.id = uint64_t(item) * 4096 + uint64_t(g);
         t.group = item, t.item = item, t.answer = it.problem.answer(), t.effort = it.effort, t.tool = it.tool;
         t.budget = c.budget(it.effort, it.tool);
         buffer.push_back(std::move(t));

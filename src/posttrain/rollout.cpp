@@ -146,15 +146,41 @@ RolloutStats advance(const K3Model& model, const ChatVocab& vocab, std::vector<T
   pre.mode = MixerMode::Prefill;
   pre.last_only = true;
   logits.resize(size_t(V));
+  // A group's members share their prompt (and image): the first one's prefill (state and last
+  // logits, as they were right after it) is copied to the others, which is what each would
+  // have computed (the same ids and rows through the same deterministic forward).
+  struct Prefilled {
+    const Trajectory* t;
+    DecodeState state;
+    std::vector<float> logits;
+  };
+  std::vector<Prefilled> shared;
+  auto same_prompt = [](const Trajectory& a, const Trajectory& b) {
+    return a.prompt_len == b.prompt_len && a.image_rows == b.image_rows && a.media_id == b.media_id &&
+           std::equal(a.ids.begin(), a.ids.begin() + a.prompt_len, b.ids.begin());
+  };
   while (finished() < need) {
     // Prompts and tool results: one prefill each on the trajectory's own state.
+    shared.clear();
     for (Trajectory* t : ts) {
       if (t->finished) continue;
       if (!t->started) {
-        t->state = model.new_state();
-        EmbedSpliceT<float> sp;
-        model.forward(logits.data(), t->ids.data(), int64_t(t->ids.size()), t->state, fs, pre, nullptr, t->splice(sp));
-        t->started = true, st.prefills++;
+        const Prefilled* hit = nullptr;
+        if (int64_t(t->ids.size()) == t->prompt_len)
+          for (const Prefilled& p : shared)
+            if (same_prompt(*p.t, *t)) hit = &p;
+        if (hit) {
+          t->state = hit->state;
+          std::copy(hit->logits.begin(), hit->logits.end(), logits.begin());  // [V]
+        } else {
+          t->state = model.new_state();
+          EmbedSpliceT<float> sp;
+          model.forward(logits.data(), t->ids.data(), int64_t(t->ids.size()), t->state, fs, pre, nullptr, t->splice(sp));
+          st.prefills++;
+          if (int64_t(t->ids.size()) == t->prompt_len)
+            shared.push_back({t, t->state, std::vector<float>(logits.begin(), logits.begin() + V)});
+        }
+        t->started = true;
         on_logits(*t, logits.data());
       } else if (t->to_feed.size() > 1) {
         model.forward(logits.data(), t->to_feed.data(), int64_t(t->to_feed.size()), t->state, fs, pre);

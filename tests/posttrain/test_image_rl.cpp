@@ -88,10 +88,14 @@ TEST(ImageRl, RolloutEqualsThePromptRunByHand) {
   ts.push_back(make_image_trajectory(f.task, problem(12, 34), chat::Effort::low, f.vocab, 1));
   ts.push_back(make_image_trajectory(f.task, p, chat::Effort::low, f.vocab, 2));
   ts.push_back(make_trajectory(prompt_conversation(problem(55, 66), chat::Effort::high, false), f.vocab, 3));
+  // A second member of p's group: its prefill is the first member's, copied (rollout.cpp).
+  ts.push_back(make_image_trajectory(f.task, p, chat::Effort::low, f.vocab, 4));
   for (auto& t : ts) t.budget = 12;
-  std::vector<Trajectory*> ptr = {&ts[0], &ts[1], &ts[2]};
-  advance(f.model, f.vocab, ptr, 3, 0, ro);
-  const Trajectory& t = ts[1];
+  std::vector<Trajectory*> ptr = {&ts[0], &ts[1], &ts[2], &ts[3]};
+  const RolloutStats rs = advance(f.model, f.vocab, ptr, 4, 0, ro);
+  EXPECT_EQ(rs.prefills, 3);
+  for (const Trajectory* tp : {&ts[1], &ts[3]}) {
+  const Trajectory& t = *tp;
   EXPECT_EQ(t.image_tokens, 10);  // 16 x 40 pixels, patch 4, 2 x 2 merge
 
   // By hand: the conversation, the renderer's image, the shared prompt expansion, a Session.
@@ -128,6 +132,12 @@ TEST(ImageRl, RolloutEqualsThePromptRunByHand) {
   }
   EXPECT_EQ(drawn, t.generated);
   EXPECT_GT(drawn, 0);
+  }
+  EXPECT_NE(ts[1].ids, ts[3].ids);  // the members drew their own replies
+  const std::vector<int32_t> ids = f.vocab.encode(chat::render(image_conversation(prompt_conversation(p, chat::Effort::low, false), p)));
+  const VisionExample ex = arithmetic_example(f.task.font, 47, 85);
+  const ImagePrompt ip = expand_image_prompt(f.task.vm, ids, {&ex.image}, "by hand");
+  const EmbedSpliceT<float> sp{f.task.vm.media_id, ip.rows.data(), ip.image_tokens, nullptr};
   // Zeros in the image's place change the reply's first distribution: the image is read.
   std::vector<float> zeros(ip.rows.size(), 0.f);
   Session z(f.model);
