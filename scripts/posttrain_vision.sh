@@ -23,9 +23,9 @@ HERE=$(cd "$(dirname "$0")/.." && pwd)
 K3CPP=${K3CPP:-$HERE/build/k3cpp}
 THREADS=${THREADS:-2}
 case "$SCALE" in
-  vision)      D_VIS=/work/vision-more/checkpoint; D_SFT_STEPS=100; D_SFT_BATCH=16; D_SFT_LR=1e-3
+  vision)      D_VIS=/work/vision-more/checkpoint; D_SFT_STEPS=100; D_SFT_BATCH=16; D_SFT_LR=1e-3; D_SFT_PROBLEMS=2000
                D_RL_STEPS=80; D_PROMPTS=8; D_G=8; D_LR=2e-4; D_EVAL=200; D_K=8; D_BUDGET=40; D_VIS_EVAL=32 ;;
-  vision-tiny) D_VIS=$HERE/tests/data/k3-release-tiny; D_SFT_STEPS=2; D_SFT_BATCH=2; D_SFT_LR=1e-3
+  vision-tiny) D_VIS=$HERE/tests/data/k3-release-tiny; D_SFT_STEPS=2; D_SFT_BATCH=2; D_SFT_LR=1e-3; D_SFT_PROBLEMS=20
                D_RL_STEPS=2; D_PROMPTS=2; D_G=2; D_LR=1e-3; D_EVAL=2; D_K=2; D_BUDGET=4; D_VIS_EVAL=1 ;;
   *) echo "posttrain_vision.sh: scale must be vision or vision-tiny, got '$SCALE'" >&2; exit 2 ;;
 esac
@@ -33,7 +33,7 @@ VIS=${VISION_CHECKPOINT:-$D_VIS}
 [ -f "$VIS/config.json" ] || { echo "posttrain_vision.sh: $VIS is not a model directory (no config.json)" >&2; exit 2; }
 [ -f "$VIS/vision.safetensors" ] || [ "$SCALE" = vision-tiny ] ||
   { echo "posttrain_vision.sh: $VIS has no vision.safetensors (not a vision model)" >&2; exit 2; }
-SFT_STEPS=${SFT_STEPS:-$D_SFT_STEPS}; SFT_BATCH=${SFT_BATCH:-$D_SFT_BATCH}; SFT_LR=${SFT_LR:-$D_SFT_LR}
+SFT_PROBLEMS=${SFT_PROBLEMS:-$D_SFT_PROBLEMS}; SFT_STEPS=${SFT_STEPS:-$D_SFT_STEPS}; SFT_BATCH=${SFT_BATCH:-$D_SFT_BATCH}; SFT_LR=${SFT_LR:-$D_SFT_LR}
 RL_STEPS=${RL_STEPS:-$D_RL_STEPS}; RL_PROMPTS=${RL_PROMPTS:-$D_PROMPTS}; G=${G:-$D_G}; LR=${LR:-$D_LR}
 KL=${KL:-0.05}; EVAL_PROBLEMS=${EVAL_PROBLEMS:-$D_EVAL}; EVAL_K=${EVAL_K:-$D_K}; BUDGET=${BUDGET:-$D_BUDGET}
 VIS_EVAL=${VIS_EVAL:-$D_VIS_EVAL}
@@ -49,7 +49,7 @@ T0=$(t)
 # 1. SFT on image problems in chat turns (effort low: the answer only, as the vision data's).
 cat > "$OUT/sft.json" <<JSON
 {"model": "$VIS", "task": "image_arithmetic",
- "arithmetic": {"efforts": ["low"], "problems": 4000, "seed": 11},
+ "arithmetic": {"efforts": ["low"], "problems": $SFT_PROBLEMS, "seed": 11},
  "steps": $SFT_STEPS, "batch": $SFT_BATCH, "lr": $SFT_LR, "lr_end": $(python3 -c "print($SFT_LR/10)"), "warmup_steps": 5,
  "optimizer": "adamw", "threads": $THREADS, "checkpoint_every": 1000, "seed": 3}
 JSON

@@ -1,7 +1,6 @@
 // Image prompts for post-training (see image_task.h).
 #include "posttrain/image_task.h"
 
-#include <omp.h>
 
 #include <exception>
 #include <filesystem>
@@ -12,6 +11,7 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "posttrain/policy_update.h"
+#include "posttrain/serial_blas.h"
 
 namespace fs = std::filesystem;
 
@@ -85,27 +85,6 @@ chat::Conversation image_conversation(chat::Conversation c, const ArithProblem& 
 
 namespace {
 
-// The encoder's gemms are tiny (width 64, 10-40 patches): called outside a parallel region,
-// OpenBLAS (the OpenMP build) splits each over every thread and spends the time in
-// sched_yield on a loaded machine (measured: minutes for 4,000 images). Inside an active
-// parallel region (omp_in_parallel(), a team of two: one works, one waits) its calls run on
-// the calling thread; the result is the same.
-template <typename F>
-void one_thread(F&& f) {
-  std::exception_ptr err;
-#pragma omp parallel num_threads(2)
-  {
-    if (omp_get_thread_num() == 0) {
-      try {
-        f();
-      } catch (...) {
-        err = std::current_exception();  // an exception must not leave the parallel region
-      }
-    }
-  }
-  if (err) std::rethrow_exception(err);
-}
-
 void set_rows(Trajectory& t, const ImageTask& task, std::vector<float> rows, int64_t tokens) {
   t.image_rows = std::move(rows);
   t.image_tokens = tokens;
@@ -119,7 +98,7 @@ Trajectory make_image_trajectory(const ImageTask& task, const ArithProblem& p, c
   Trajectory t = make_trajectory(image_conversation(prompt_conversation(p, e, false), p), vocab, id);
   const VisionExample ex = image_example(task, p);
   ImagePrompt ip;
-  one_thread([&] { ip = expand_image_prompt(task.vm, t.ids, {&ex.image}, "image prompt " + p.expression()); });
+  serial_blas([&] { ip = expand_image_prompt(task.vm, t.ids, {&ex.image}, "image prompt " + p.expression()); });
   t.ids = std::move(ip.ids);
   t.prompt_len = t.turn_start = int64_t(t.ids.size());
   t.gen.assign(t.ids.size(), 0);
@@ -132,7 +111,7 @@ Trajectory make_image_trajectory(const ImageTask& task, const ArithProblem& p, c
 void reattach_image(Trajectory& t, const ImageTask& task, const ArithProblem& p, const std::string& what) {
   const VisionExample ex = image_example(task, p);
   std::vector<float> rows;
-  one_thread([&] { rows = encode_image(task.vm, ex.image); });
+  serial_blas([&] { rows = encode_image(task.vm, ex.image); });
   const int64_t n = int64_t(rows.size()) / task.vm.dims.text_width;
   if (count_id(t.ids, task.vm.media_id) != n)
     fail_input(what, "ids", "holds " + std::to_string(count_id(t.ids, task.vm.media_id)) +
@@ -146,7 +125,7 @@ ChatSequence image_sft_sequence(const ImageTask& task, const ArithProblem& p, ch
   const ChatSequence text = tokenize_conversation(image_conversation(sft_conversation(p, e, false), p), vocab, source, true);
   const VisionExample ex = image_example(task, p);
   ImagePrompt ip;
-  one_thread([&] { ip = expand_image_prompt(task.vm, text.ids, {&ex.image}, source); });
+  serial_blas([&] { ip = expand_image_prompt(task.vm, text.ids, {&ex.image}, source); });
   ChatSequence out;
   out.ids = std::move(ip.ids);
   for (size_t i = 0; i < text.ids.size(); ++i) {

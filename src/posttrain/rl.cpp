@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <map>
 
+#include <omp.h>
+
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "model/checkpoint.h"
@@ -248,13 +250,18 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
         trained.push_back(i), n_kept++;
         for (uint8_t m : samples[i].mask) N += m;
       }
-    if (ref)
-      for (size_t i : trained) {
+    if (ref) {
+      // The reference's logprobs, one sequence per thread (serial BLAS inside: serial_blas.h).
+      const int P = up.threads();
+#pragma omp parallel for schedule(static) num_threads(P)
+      for (size_t j = 0; j < trained.size(); ++j) {
+        const size_t i = trained[j];
         samples[i].ref_logp.resize(samples[i].mask.size());
         EmbedSpliceT<float> sp;
-        sequence_logprobs_t<float>(*ref, batch[i].ids.data(), int64_t(samples[i].mask.size()), up.scratch(0),
-                                   samples[i].ref_logp.data(), batch[i].splice(sp));
+        sequence_logprobs_t<float>(*ref, batch[i].ids.data(), int64_t(samples[i].mask.size()),
+                                   up.scratch(omp_get_thread_num()), samples[i].ref_logp.data(), batch[i].splice(sp));
       }
+    }
     const auto t_upd = std::chrono::steady_clock::now();
     std::vector<PolicyLossResult> part(trained.size());
     std::vector<double> loss(trained.size(), 0.0), ratio(trained.size(), 0.0), klv(trained.size(), 0.0);

@@ -12,6 +12,7 @@
 #include "posttrain/calculator.h"
 #include "posttrain/chat_tokens.h"
 #include "posttrain/policy_update.h"
+#include "posttrain/serial_blas.h"
 
 namespace k3 {
 
@@ -110,8 +111,10 @@ void end_turn(Trajectory& t, const ChatVocab& vocab, const RolloutOptions& o) {
   t.turn_start = int64_t(t.ids.size());
 }
 
-RolloutStats advance(const K3Model& model, const ChatVocab& vocab, std::vector<Trajectory*>& ts, int64_t need,
-                     int32_t version, const RolloutOptions& o) {
+namespace {
+
+RolloutStats advance_serial(const K3Model& model, const ChatVocab& vocab, std::vector<Trajectory*>& ts, int64_t need,
+                            int32_t version, const RolloutOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t V = model.dims().V;
   need = std::min<int64_t>(need, int64_t(ts.size()));
@@ -205,6 +208,15 @@ RolloutStats advance(const K3Model& model, const ChatVocab& vocab, std::vector<T
     for (size_t j = 0; j < run.size(); ++j) on_logits(*run[j], logits.data() + j * size_t(V));
   }
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+}  // namespace
+
+RolloutStats advance(const K3Model& model, const ChatVocab& vocab, std::vector<Trajectory*>& ts, int64_t need,
+                     int32_t version, const RolloutOptions& o) {
+  RolloutStats st;
+  serial_blas([&] { st = advance_serial(model, vocab, ts, need, version, o); });  // small gemms (serial_blas.h)
   return st;
 }
 
