@@ -15,6 +15,7 @@
 # usage: scripts/posttrain_vision.sh OUT_DIR vision|vision-tiny
 #   VISION_CHECKPOINT=DIR  the vision model (default /work/vision-more/checkpoint; read only)
 #   vision-tiny            seconds, on the tiny released-layout fixture's random encoder
+#   SFT_CHECKPOINT=DIR     skip stage 1 and start RL from DIR (an earlier run's sft/checkpoint)
 # Every setting can be overridden from the environment (SFT_STEPS, RL_STEPS, LR, KL, ...).
 set -euo pipefail
 OUT=${1:?usage: posttrain_vision.sh OUT_DIR vision|vision-tiny}
@@ -53,9 +54,13 @@ cat > "$OUT/sft.json" <<JSON
  "steps": $SFT_STEPS, "batch": $SFT_BATCH, "lr": $SFT_LR, "lr_end": $(python3 -c "print($SFT_LR/10)"), "warmup_steps": 5,
  "optimizer": "adamw", "threads": $THREADS, "checkpoint_every": 1000, "seed": 3}
 JSON
-rm -rf "$OUT/sft"
-"$K3CPP" sft --config "$OUT/sft.json" --out "$OUT/sft" --quiet > /dev/null
-SFT="$OUT/sft/checkpoint"
+if [ -n "${SFT_CHECKPOINT:-}" ]; then  # reuse an SFT model made by this stage (its sft.json beside it)
+  SFT=$(cd "$SFT_CHECKPOINT" && pwd)
+else
+  rm -rf "$OUT/sft"
+  "$K3CPP" sft --config "$OUT/sft.json" --out "$OUT/sft" --quiet > /dev/null
+  SFT="$OUT/sft/checkpoint"
+fi
 T1=$(t)
 
 # 2. RL on image prompts.

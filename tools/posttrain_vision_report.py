@@ -71,11 +71,13 @@ def main():
                  "%.1f tokens per reply, %.3f over budget." % (vo["problems"], vo["k"], vo["pass@1"],
                                                             vo["mean_tokens"], vo["over_budget"]))
     lines.append("")
-    lines.append("| model | mean generated tokens | over budget |")
-    lines.append("|---|---|---|")
+    lines.append("| model | mean generated tokens | over budget | malformed (no single integer) | wrong |")
+    lines.append("|---|---|---|---|---|")
     for m in ("vision", "sft", "rl"):
         o = evs[m]["overall"]
-        lines.append("| %s | %.2f | %.3f |" % (m, o["mean_tokens"], o["over_budget"]))
+        bad = o.get("malformed", 0.0)
+        lines.append("| %s | %.2f | %.3f | %.3f | %.3f |" % (m, o["mean_tokens"], o["over_budget"], bad,
+                                                       1.0 - o["pass@1"] - o["over_budget"] - bad))
     # The reward curve: windows of steps.
     steps = []
     with open(os.path.join(out, "rl", "metrics.jsonl")) as f:
@@ -95,7 +97,7 @@ def main():
                       "seconds_per_step": sum(x["seconds"] for x in s) / len(s)})
     rep["curve"] = curve
     lines.append("")
-    lines.append("| RL steps | reward | share correct | kept (reward variance) | reply tokens | s / step |")
+    lines.append("| RL steps | reward | share correct (training) | kept (reward variance) | reply tokens | s / step |")
     lines.append("|---|---|---|---|---|---|")
     for c in curve:
         lines.append("| %d-%d | %.3f | %.3f | %.2f | %.2f | %.2f |" % (

@@ -11,10 +11,12 @@ namespace k3 {
 namespace {
 struct Acc {
   int64_t problems = 0, samples = 0, correct = 0, any = 0, tokens = 0, over = 0, answers = 0, calls = 0, ok = 0;
+  int64_t malformed = 0;  // within budget, but no single canonical integer (verifier.h)
   nlohmann::json json(int64_t k) const {
     auto div = [](double a, double b) { return b > 0 ? a / b : 0.0; };
     return {{"problems", problems}, {"k", k}, {"pass@1", div(correct, samples)}, {"pass@k", div(any, problems)},
             {"mean_tokens", div(tokens, samples)}, {"over_budget", div(over, samples)},
+            {"malformed", div(malformed, samples)},
             {"tool_calls_per_answer", div(calls, answers)}, {"tool_success", div(ok, calls)}};
   }
 };
@@ -51,6 +53,7 @@ nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, cons
         n_ok += ok;
         for (Acc* a : {&b, &all}) {
           a->samples++, a->correct += ok, a->tokens += t.generated, a->over += over;
+          a->malformed += !over && v == Verdict::malformed;
           a->answers++, a->calls += t.tool_calls, a->ok += t.tool_ok;
         }
       }

@@ -30,7 +30,8 @@ struct ArithEvalOptions {
 };
 
 // {"overall": {...}, "buckets": [{"digits", "op", "effort", "tool", "problems", "pass@1",
-//  "pass@k", "k", "mean_tokens", "over_budget", "tool_calls_per_answer", "tool_success"}...],
+//  "pass@k", "k", "mean_tokens", "over_budget", "malformed", "tool_calls_per_answer",
+//  "tool_success"}...],
 //  "per_problem": [[digits, op, effort, tool, correct samples of k(, carry)], ...] in problem
 //  order; carry (0/1) for image problems only}
 // (per_problem gives standard errors clustered by problem, and paired differences between
