@@ -24,8 +24,8 @@ HERE=$(cd "$(dirname "$0")/.." && pwd)
 K3CPP=${K3CPP:-$HERE/build/k3cpp}
 THREADS=${THREADS:-2}
 case "$SCALE" in
-  vision)      D_VIS=/work/vision-more/checkpoint; D_SFT_STEPS=100; D_SFT_BATCH=16; D_SFT_LR=1e-3; D_SFT_PROBLEMS=2000
-               D_RL_STEPS=80; D_PROMPTS=8; D_G=8; D_LR=2e-4; D_EVAL=200; D_K=8; D_BUDGET=40; D_VIS_EVAL=32 ;;
+  vision)      D_VIS=/work/vision-more/checkpoint; D_SFT_STEPS=150; D_SFT_BATCH=16; D_SFT_LR=1e-3; D_SFT_PROBLEMS=4000
+               D_RL_STEPS=100; D_PROMPTS=8; D_G=8; D_LR=2e-4; D_EVAL=200; D_K=8; D_BUDGET=40; D_VIS_EVAL=32 ;;
   vision-tiny) D_VIS=$HERE/tests/data/k3-release-tiny; D_SFT_STEPS=2; D_SFT_BATCH=2; D_SFT_LR=1e-3; D_SFT_PROBLEMS=20
                D_RL_STEPS=2; D_PROMPTS=2; D_G=2; D_LR=1e-3; D_EVAL=2; D_K=2; D_BUDGET=4; D_VIS_EVAL=1 ;;
   *) echo "posttrain_vision.sh: scale must be vision or vision-tiny, got '$SCALE'" >&2; exit 2 ;;
