@@ -4,7 +4,7 @@
 # a quarter with the calculator tool), then RL with verifiable rewards; evaluate the SFT and
 # RL models on held-out problems with and without the tool; plot the curves.
 #
-# usage: scripts/posttrain_demo.sh OUT_DIR [full|reduced|tiny|edge|edge-tiny]
+# usage: scripts/posttrain_demo.sh OUT_DIR [full|reduced|tiny|edge|edge-tiny|vision|vision-tiny]
 #   full       the ~30 min target on 2 idle cores
 #   reduced    fewer steps and problems (what fits a shared machine in ~20 min)
 #   tiny       a seconds-long smoke run (ctest posttrain_demo_tiny): every stage, tiny sizes
@@ -13,9 +13,13 @@
 #              first), RL with the curriculum until RL_SECONDS, SFT vs RL on the edge band with
 #              EVAL_PER_BAND problems x EVAL_K samples, report.json, report.md and curves.svg
 #   edge-tiny  the same at tiny sizes (a rehearsal of the script, seconds)
+#   vision     RL on the vision demo's rendered-arithmetic images (scripts/posttrain_vision.sh):
+#              VISION_CHECKPOINT=DIR (default /work/vision-more/checkpoint), a short SFT stage on
+#              image problems in chat turns, RL, SFT vs RL on held-out image problems
+#   vision-tiny  the same at tiny sizes on the test fixture's random encoder (seconds)
 # K3CPP (default build/k3cpp) is the binary. Every figure lands in OUT_DIR/report.json.
 set -euo pipefail
-OUT=${1:?usage: posttrain_demo.sh OUT_DIR [full|reduced|tiny|edge|edge-tiny]}
+OUT=${1:?usage: posttrain_demo.sh OUT_DIR [full|reduced|tiny|edge|edge-tiny|vision|vision-tiny]}
 SCALE=${2:-full}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 K3CPP=${K3CPP:-$HERE/build/k3cpp}
@@ -23,6 +27,8 @@ THREADS=${THREADS:-2}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 case "$SCALE" in
+  vision|vision-tiny)
+    exec env K3CPP="$K3CPP" THREADS="$THREADS" bash "$HERE/scripts/posttrain_vision.sh" "$OUT" "$SCALE" ;;
   edge|edge-tiny)
     if [ -z "${SFT_CHECKPOINT:-}" ]; then  # no model to reuse: pretrain + SFT first (stages 1-2 below)
       bash "$0" "$OUT/base" "$([ "$SCALE" = edge ] && echo full || echo tiny)" --base-only

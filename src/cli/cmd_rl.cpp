@@ -5,6 +5,7 @@
 // partial rollouts, the calculator tool. --eval prints the evaluation of a model on the
 // config's `eval` problems as JSON (pass@1, pass@k, lengths, over-budget share, tool use).
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,9 @@ namespace {
 const char* kUsage =
     "usage: k3cpp rl --config rl.json --out DIR [--resume] [--steps N] [--quiet]\n"
     "       k3cpp rl --config rl.json --eval MODEL_DIR [--tool-share X] [--samples K]\n"
-    "  --config      model (the SFT model directory), arithmetic {digits, ops | bands [\"2+\", \"3*\"],\n"
+    "  --config      model (the SFT model directory), task (arithmetic | image_arithmetic: rendered\n"
+    "                a+b images in the user turn, a vision model's frozen encoder; unifont FILE),\n"
+    "                arithmetic {digits, ops | bands [\"2+\", \"3*\"],\n"
     "                efforts, tool_share, problems | problems_per_band, seed} (the prompts: a curriculum\n"
     "                by bands), eval {the same fields}, eval_every, eval_samples, steps, prompts_per_step,\n"
     "                group_size, budgets {low, high, max}, tool_budgets {low, high, max} (prompts with\n"
@@ -65,6 +68,12 @@ int cmd_rl(const std::vector<std::string>& args) {
     const ModelDir md = open_model_dir(*dir);
     const K3Model model = load_model(md, lo);
     const ChatVocab vocab = load_chat_vocab(md);
+    std::optional<ImageTask> img;
+    if (c.task == PosttrainTask::image_arithmetic) {
+      if (f.tool_share != 0) fail("--tool-share: the image_arithmetic task has no tool prompts");
+      img.emplace(load_image_task(md, c.unifont, *config));
+      eo.image = &*img;
+    }
     std::printf("%s\n", evaluate_arith(model, vocab, f, eo).dump().c_str());
     return 0;
   }

@@ -4,15 +4,19 @@
 #include <map>
 #include <tuple>
 
+#include "posttrain/image_task.h"
+
 namespace k3 {
 
 namespace {
 struct Acc {
   int64_t problems = 0, samples = 0, correct = 0, any = 0, tokens = 0, over = 0, answers = 0, calls = 0, ok = 0;
+  int64_t malformed = 0;  // within budget, but no single canonical integer (verifier.h)
   nlohmann::json json(int64_t k) const {
     auto div = [](double a, double b) { return b > 0 ? a / b : 0.0; };
     return {{"problems", problems}, {"k", k}, {"pass@1", div(correct, samples)}, {"pass@k", div(any, problems)},
             {"mean_tokens", div(tokens, samples)}, {"over_budget", div(over, samples)},
+            {"malformed", div(malformed, samples)},
             {"tool_calls_per_answer", div(calls, answers)}, {"tool_success", div(ok, calls)}};
   }
 };
@@ -20,7 +24,7 @@ struct Acc {
 
 nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, const ArithFamily& f,
                               const ArithEvalOptions& o) {
-  using Key = std::tuple<int, char, int, bool>;
+  using Key = std::tuple<int, char, int, bool, int>;  // digits, op, effort, tool, carry (-1: text)
   std::map<Key, Acc> buckets;
   Acc all;
   std::vector<Trajectory> ts;
@@ -36,7 +40,8 @@ nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, cons
     advance(model, vocab, ptr, int64_t(ptr.size()), 0, ro);
     for (size_t p = 0; p < items.size(); ++p) {
       const ArithItem& it = items[p];
-      Acc& b = buckets[Key{it.problem.digits, it.problem.op, int(it.effort), it.tool}];
+      const int carry = o.image ? image_carry(it.problem) : -1;
+      Acc& b = buckets[Key{it.problem.digits, it.problem.op, int(it.effort), it.tool, carry}];
       bool any = false;
       int64_t n_ok = 0;
       for (int64_t s = 0; s < o.samples; ++s) {
@@ -48,21 +53,26 @@ nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, cons
         n_ok += ok;
         for (Acc* a : {&b, &all}) {
           a->samples++, a->correct += ok, a->tokens += t.generated, a->over += over;
+          a->malformed += !over && v == Verdict::malformed;
           a->answers++, a->calls += t.tool_calls, a->ok += t.tool_ok;
         }
       }
       for (Acc* a : {&b, &all}) a->problems++, a->any += any;
-      per_problem.push_back({it.problem.digits, std::string(1, it.problem.op), chat::effort_name(it.effort), it.tool, n_ok});
+      nlohmann::json pp = {it.problem.digits, std::string(1, it.problem.op), chat::effort_name(it.effort), it.tool, n_ok};
+      if (carry >= 0) pp.push_back(carry);
+      per_problem.push_back(pp);
     }
     ts.clear();
     items.clear();
   };
   for (int64_t i = 0; i < f.problems; ++i) {
-    const ArithItem it = arith_item(f, i);
+    const ArithItem it = o.image ? image_arith_item(f, i, true) : arith_item(f, i);
     items.push_back(it);
+    const Trajectory proto = o.image ? make_image_trajectory(*o.image, it.problem, it.effort, vocab, 0)
+                                     : make_trajectory(prompt_conversation(it.problem, it.effort, it.tool), vocab, 0);
     for (int64_t s = 0; s < o.samples; ++s) {
-      Trajectory t = make_trajectory(prompt_conversation(it.problem, it.effort, it.tool), vocab,
-                                     uint64_t(i) * 1000003ull + uint64_t(s));
+      Trajectory t = proto;
+      t.id = uint64_t(i) * 1000003ull + uint64_t(s);
       t.answer = it.problem.answer();
       t.effort = it.effort;
       t.tool = it.tool;
@@ -82,6 +92,7 @@ nlohmann::json evaluate_arith(const K3Model& model, const ChatVocab& vocab, cons
     j["op"] = std::string(1, std::get<1>(k));
     j["effort"] = chat::effort_name(chat::Effort(std::get<2>(k)));
     j["tool"] = std::get<3>(k);
+    if (std::get<4>(k) >= 0) j["carry"] = std::get<4>(k) == 1;
     out["buckets"].push_back(j);
   }
   return out;

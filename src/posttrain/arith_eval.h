@@ -16,17 +16,24 @@
 
 namespace k3 {
 
+struct ImageTask;
+
 struct ArithEvalOptions {
   int64_t samples = 8;  // k
   std::function<int64_t(chat::Effort, bool tool)> budget;
   int max_tool_rounds = 2;
   uint64_t seed = 12345;
   int64_t batch = 32;   // trajectories decoded together
+  // Image prompts (posttrain/image_task.h): the family's problems from the held-out split,
+  // rendered into the user turn; buckets and per_problem entries add "carry" (ones column).
+  const ImageTask* image = nullptr;
 };
 
 // {"overall": {...}, "buckets": [{"digits", "op", "effort", "tool", "problems", "pass@1",
-//  "pass@k", "k", "mean_tokens", "over_budget", "tool_calls_per_answer", "tool_success"}...],
-//  "per_problem": [[digits, op, effort, tool, correct samples of k], ...] in problem order}
+//  "pass@k", "k", "mean_tokens", "over_budget", "malformed", "tool_calls_per_answer",
+//  "tool_success"}...],
+//  "per_problem": [[digits, op, effort, tool, correct samples of k(, carry)], ...] in problem
+//  order; carry (0/1) for image problems only}
 // (per_problem gives standard errors clustered by problem, and paired differences between
 // two models evaluated on the same problems with the same draws).
 

@@ -19,10 +19,12 @@ std::vector<chat::Segment> segment_suffix(const std::vector<chat::Segment>& pref
   return {longer.begin() + std::ptrdiff_t(prefix.size()), longer.end()};
 }
 
-ChatSequence tokenize_conversation(const chat::Conversation& conv, const ChatVocab& vocab, const std::string& source) {
-  // Image parts would render as bare placeholders with no encoder behind them.
+ChatSequence tokenize_conversation(const chat::Conversation& conv, const ChatVocab& vocab, const std::string& source,
+                                   bool images) {
+  // Image parts would render as bare placeholders with no encoder behind them, unless the
+  // caller expands and encodes them (posttrain/image_task.h).
   for (const chat::Message& m : conv.messages)
-    if (!m.images.empty())
+    if (!images && !m.images.empty())
       fail_input(source, m.images[0].field, "image parts are not supported in post-training conversations (text only)");
   chat::Conversation full = conv;
   full.options.add_generation_prompt = false;

@@ -21,9 +21,17 @@ struct ChatSequence {
   std::vector<int32_t> ids;
   std::vector<uint8_t> loss;  // [ids.size()]: 1 when ids[i] is a trained token
   int64_t trained() const;
+  // Image conversations (posttrain/image_task.h): the frozen encoder's rows for the positions
+  // of ids holding media_id (never trained tokens).
+  std::vector<float> image_rows;
+  int64_t image_tokens = 0;
+  int32_t media_id = -1;
 };
 
-ChatSequence tokenize_conversation(const chat::Conversation& conv, const ChatVocab& vocab, const std::string& source);
+// images: image parts are allowed (each one <|media_pad|> id, never trained; the caller
+// expands it and attaches the encoder's rows, posttrain/image_task.h); otherwise refused.
+ChatSequence tokenize_conversation(const chat::Conversation& conv, const ChatVocab& vocab, const std::string& source,
+                                   bool images = false);
 
 // Segments of `longer` after those of `prefix`; k3::Error (naming `what`) when `prefix` is
 // not a segment prefix of `longer`.

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <map>
 
+#include <omp.h>
+
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "model/checkpoint.h"
@@ -49,9 +51,21 @@ RLConfig load_rl_config(const std::string& path) {
   ConfigReader rd(j, path);
   if (!rd.get("model", c.model)) rd.bad("model", "missing (the SFT model directory)");
   c.model = resolve(path, c.model);
-  if (const nlohmann::json* a = rd.sub("arithmetic")) c.train = parse_arith_family(*a, path, "arithmetic");
-  else rd.bad("arithmetic", "missing (the training prompts)");
-  if (const nlohmann::json* a = rd.sub("eval")) c.eval = parse_arith_family(*a, path, "eval");
+  std::string task = "arithmetic";
+  rd.get("task", task);
+  c.task = parse_posttrain_task(task, path);
+  rd.get("unifont", c.unifont);
+  const bool image = c.task == PosttrainTask::image_arithmetic;
+  if (const nlohmann::json* a = rd.sub("arithmetic")) {
+    c.train = parse_arith_family(*a, path, "arithmetic");
+    if (image) check_image_family(c.train, *a, path, "arithmetic");
+  } else {
+    rd.bad("arithmetic", "missing (the training prompts)");
+  }
+  if (const nlohmann::json* a = rd.sub("eval")) {
+    c.eval = parse_arith_family(*a, path, "eval");
+    if (image) check_image_family(*c.eval, *a, path, "eval");
+  }
   rd.get("eval_every", c.eval_every);
   rd.get("eval_samples", c.eval_samples);
   rd.get("steps", c.steps);
@@ -83,6 +97,8 @@ RLConfig load_rl_config(const std::string& path) {
   rd.get("log_every", c.log_every);
   rd.get("seed", c.seed);
   rd.finish();
+  if (!image && j.contains("unifont")) rd.bad("unifont", "only the image_arithmetic task renders images");
+  if (image) c.unifont = resolve(path, c.unifont);
   if (c.steps < 1) rd.bad("steps", "must be at least 1");
   if (c.prompts_per_step < 1) rd.bad("prompts_per_step", "must be at least 1");
   if (c.group_size < 2) rd.bad("group_size", "must be at least 2 (advantages are relative to the group)");
@@ -111,6 +127,10 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
   const Vocabulary voc = Vocabulary::load_dir(md.dir);
   std::optional<K3Model> ref;
   if (c.loss.kl_coef > 0) ref.emplace(load_model(c.model, lo));
+  // Image prompts: the frozen encoder (the checkpoint's copy on resume: the same bytes).
+  std::optional<ImageTask> img;
+  if (c.task == PosttrainTask::image_arithmetic) img.emplace(load_image_task(md, c.unifont, c.path));
+  auto train_item = [&](int64_t i) { return img ? image_arith_item(c.train, i, false) : arith_item(c.train, i); };
   PolicyUpdater up(model, c.update);
   const std::string cfg_fp = read_json_file(c.path).dump();
   int64_t step = 0;
@@ -124,13 +144,16 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
     if (st.value("config", "") != cfg_fp) fail_input(c.path, "", "differs from the config the checkpoint in " + ckpt + " was trained with");
     step = st.at("step").get<int64_t>();
     buffer = load_rollouts(ckpt, model);
+    if (img)
+      for (Trajectory& t : buffer) reattach_image(t, *img, train_item(t.item).problem, ckpt + "/rollouts.json");
     if (int64_t(buffer.size()) != st.value("buffered", int64_t(0)))
       fail_input(ckpt + "/posttrain_state.json", "state.buffered", "differs from the trajectories in rollouts.json");
     metrics.open(mpath, step);
     metrics.write({{"type", "resume"}, {"step", step}, {"restored_partial", buffer.size()}});
   } else {
     metrics.open(mpath);
-    metrics.write({{"type", "run"}, {"kind", "rl"}, {"model", c.model}, {"loss", rl_loss_name(c.loss.kind)},
+    metrics.write({{"type", "run"}, {"kind", "rl"}, {"task", posttrain_task_name(c.task)}, {"model", c.model},
+                   {"loss", rl_loss_name(c.loss.kind)},
                    {"lambda", c.lambda}, {"group_size", c.group_size}, {"threads", up.threads()}});
   }
   RolloutOptions ro;
@@ -143,6 +166,7 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
     eo.samples = c.eval_samples;
     eo.budget = [&](chat::Effort e, bool tool) { return c.budget(e, tool); };
     eo.max_tool_rounds = c.max_tool_rounds;
+    eo.image = img ? &*img : nullptr;
     const auto t0 = std::chrono::steady_clock::now();
     nlohmann::json r = evaluate_arith(model, vocab, *c.eval, eo);
     r.erase("per_problem");  // metrics.jsonl keeps the buckets; `k3cpp rl --eval` prints it all
@@ -156,7 +180,10 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
   };
   auto save = [&]() {
     up.save(ckpt, voc, {{"kind", "rl"}, {"step", step}, {"config", cfg_fp}, {"buffered", int64_t(buffer.size())}},
-            [&](const std::string& tmp) { save_rollouts(tmp, buffer); });
+            [&](const std::string& tmp) {
+              save_rollouts(tmp, buffer);
+              if (img) save_frozen_encoder(tmp, *img, model);
+            });
   };
   if (step == 0 && c.eval_every > 0) eval_now(0);
   RLResult res;
@@ -166,10 +193,13 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
     // 1. New groups, then decode until lambda of the buffer has finished.
     for (int64_t j = 0; j < c.prompts_per_step; ++j) {
       const int64_t item = step * c.prompts_per_step + j;
-      const ArithItem it = arith_item(c.train, item);
+      const ArithItem it = train_item(item);
+      // The group's prompt, rendered (and its image encoded) once; members differ by id only.
+      const Trajectory proto = img ? make_image_trajectory(*img, it.problem, it.effort, vocab, 0)
+                                   : make_trajectory(prompt_conversation(it.problem, it.effort, it.tool), vocab, 0);
       for (int64_t g = 0; g < c.group_size; ++g) {
-        Trajectory t = make_trajectory(prompt_conversation(it.problem, it.effort, it.tool), vocab,
-                                       uint64_t(item) * 4096 + uint64_t(g));
+        Trajectory t = proto;
+        t.id = uint64_t(item) * 4096 + uint64_t(g);
         t.group = item, t.item = item, t.answer = it.problem.answer(), t.effort = it.effort, t.tool = it.tool;
         t.budget = c.budget(it.effort, it.tool);
         buffer.push_back(std::move(t));
@@ -220,12 +250,18 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
         trained.push_back(i), n_kept++;
         for (uint8_t m : samples[i].mask) N += m;
       }
-    if (ref)
-      for (size_t i : trained) {
+    if (ref) {
+      // The reference's logprobs, one sequence per thread (serial BLAS inside: serial_blas.h).
+      const int P = up.threads();
+#pragma omp parallel for schedule(static) num_threads(P)
+      for (size_t j = 0; j < trained.size(); ++j) {
+        const size_t i = trained[j];
         samples[i].ref_logp.resize(samples[i].mask.size());
-        sequence_logprobs_t<float>(*ref, batch[i].ids.data(), int64_t(samples[i].mask.size()), up.scratch(0),
-                                   samples[i].ref_logp.data());
+        EmbedSpliceT<float> sp;
+        sequence_logprobs_t<float>(*ref, batch[i].ids.data(), int64_t(samples[i].mask.size()),
+                                   up.scratch(omp_get_thread_num()), samples[i].ref_logp.data(), batch[i].splice(sp));
       }
+    }
     const auto t_upd = std::chrono::steady_clock::now();
     std::vector<PolicyLossResult> part(trained.size());
     std::vector<double> loss(trained.size(), 0.0), ratio(trained.size(), 0.0), klv(trained.size(), 0.0);
@@ -236,6 +272,7 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
                    [&](int64_t j, float* g, TrainScratch& s) {
                      const size_t i = trained[size_t(j)];
                      LossSample& x = samples[i];
+                     EmbedSpliceT<float> sp;  // image rows; their gradient is dropped (frozen encoder)
                      loss[size_t(j)] = token_objective_backward_t<float>(
                          model, batch[i].ids.data(), int64_t(x.mask.size()),
                          [&](const double* logp, int64_t T, double* dl) {
@@ -246,7 +283,7 @@ RLResult run_rl(const RLConfig& c, const RLOptions& o) {
                            std::copy(d.begin(), d.end(), dl);
                            return l;
                          },
-                         g, s);
+                         g, s, nullptr, batch[i].splice(sp));
                    },
                    lr);
     }

@@ -22,6 +22,11 @@
 // decode state itself), so --resume continues exactly, bitwise, at any lambda.
 // Curriculum: the prompts are the "arithmetic" family, which may name bands ("bands":
 // ["2+", "3+"], operand digits x operator) to train only where the model is at the edge.
+// Images: with "task": "image_arithmetic" the same family's 2-digit additions are rendered
+// images in the user turn (posttrain/image_task.h); the frozen encoder's rows are spliced into
+// the rollout's prefill, the loss's and the reference's forwards, image positions carry no
+// loss, and the checkpoint carries the encoder (vision.safetensors) so it is a vision model
+// directory; training problems come from the "train" split of operand pairs, eval from "heldout".
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -29,6 +34,7 @@
 #include <string>
 
 #include "posttrain/arith_task.h"
+#include "posttrain/image_task.h"
 #include "posttrain/policy_loss.h"
 #include "posttrain/policy_update.h"
 #include "posttrain/verifier.h"
@@ -37,6 +43,10 @@ namespace k3 {
 
 struct RLConfig {
   std::string path, model;
+  // "task": arithmetic (text prompts) or image_arithmetic (the vision issue's rendered problems
+  // in the user turn, posttrain/image_task.h; needs a model with a vision encoder, frozen).
+  PosttrainTask task = PosttrainTask::arithmetic;
+  std::string unifont = "/usr/share/unifont/unifont.hex";  // image_arithmetic: the renderer's font
   ArithFamily train;                  // the prompts (problem i at step s: i = s * prompts_per_step + j)
   std::optional<ArithFamily> eval;    // held-out problems evaluated every eval_every steps
   int64_t eval_every = 0, eval_samples = 4;

@@ -12,6 +12,7 @@
 #include "posttrain/calculator.h"
 #include "posttrain/chat_tokens.h"
 #include "posttrain/policy_update.h"
+#include "posttrain/serial_blas.h"
 
 namespace k3 {
 
@@ -110,8 +111,10 @@ void end_turn(Trajectory& t, const ChatVocab& vocab, const RolloutOptions& o) {
   t.turn_start = int64_t(t.ids.size());
 }
 
-RolloutStats advance(const K3Model& model, const ChatVocab& vocab, std::vector<Trajectory*>& ts, int64_t need,
-                     int32_t version, const RolloutOptions& o) {
+namespace {
+
+RolloutStats advance_serial(const K3Model& model, const ChatVocab& vocab, std::vector<Trajectory*>& ts, int64_t need,
+                            int32_t version, const RolloutOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t V = model.dims().V;
   need = std::min<int64_t>(need, int64_t(ts.size()));
@@ -131,22 +134,56 @@ RolloutStats advance(const K3Model& model, const ChatVocab& vocab, std::vector<T
     t.ids.push_back(tok), t.gen.push_back(1), t.behav_logp.push_back(float(lp)), t.version.push_back(version);
     t.generated++, st.tokens++;
     t.to_feed.clear();
-    if (tok == vocab.markers.end_of_msg || (vocab.eos && tok == *vocab.eos)) end_turn(t, vocab, o);
-    else t.to_feed = {tok};
+    if (t.image_tokens > 0 && tok == t.media_id) {
+      // An image placeholder is no reply token: the reply ends there unanswered (malformed), and
+      // the placeholder, never fed back, stays a target only (every input placeholder is the image's).
+      t.finished = true, t.finish = "media";
+    } else if (tok == vocab.markers.end_of_msg || (vocab.eos && tok == *vocab.eos)) {
+      end_turn(t, vocab, o);
+    } else {
+      t.to_feed = {tok};
+    }
     if (!t.finished && t.generated >= t.budget) t.finished = true, t.finish = "budget";
   };
   ForwardOptions pre;
   pre.mode = MixerMode::Prefill;
   pre.last_only = true;
   logits.resize(size_t(V));
+  // A group's members share their prompt (and image): the first one's prefill (state and last
+  // logits, as they were right after it) is copied to the others, which is what each would
+  // have computed (the same ids and rows through the same deterministic forward).
+  struct Prefilled {
+    const Trajectory* t;
+    DecodeState state;
+    std::vector<float> logits;
+  };
+  std::vector<Prefilled> shared;
+  auto same_prompt = [](const Trajectory& a, const Trajectory& b) {
+    return a.prompt_len == b.prompt_len && a.image_rows == b.image_rows && a.media_id == b.media_id &&
+           std::equal(a.ids.begin(), a.ids.begin() + a.prompt_len, b.ids.begin());
+  };
   while (finished() < need) {
     // Prompts and tool results: one prefill each on the trajectory's own state.
+    shared.clear();
     for (Trajectory* t : ts) {
       if (t->finished) continue;
       if (!t->started) {
-        t->state = model.new_state();
-        model.forward(logits.data(), t->ids.data(), int64_t(t->ids.size()), t->state, fs, pre);
-        t->started = true, st.prefills++;
+        const Prefilled* hit = nullptr;
+        if (int64_t(t->ids.size()) == t->prompt_len)
+          for (const Prefilled& p : shared)
+            if (same_prompt(*p.t, *t)) hit = &p;
+        if (hit) {
+          t->state = hit->state;
+          std::copy(hit->logits.begin(), hit->logits.end(), logits.begin());  // [V]
+        } else {
+          t->state = model.new_state();
+          EmbedSpliceT<float> sp;
+          model.forward(logits.data(), t->ids.data(), int64_t(t->ids.size()), t->state, fs, pre, nullptr, t->splice(sp));
+          st.prefills++;
+          if (int64_t(t->ids.size()) == t->prompt_len)
+            shared.push_back({t, t->state, std::vector<float>(logits.begin(), logits.begin() + V)});
+        }
+        t->started = true;
         on_logits(*t, logits.data());
       } else if (t->to_feed.size() > 1) {
         model.forward(logits.data(), t->to_feed.data(), int64_t(t->to_feed.size()), t->state, fs, pre);
@@ -171,6 +208,15 @@ RolloutStats advance(const K3Model& model, const ChatVocab& vocab, std::vector<T
     for (size_t j = 0; j < run.size(); ++j) on_logits(*run[j], logits.data() + j * size_t(V));
   }
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return st;
+}
+
+}  // namespace
+
+RolloutStats advance(const K3Model& model, const ChatVocab& vocab, std::vector<Trajectory*>& ts, int64_t need,
+                     int32_t version, const RolloutOptions& o) {
+  RolloutStats st;
+  serial_blas([&] { st = advance_serial(model, vocab, ts, need, version, o); });  // small gemms (serial_blas.h)
   return st;
 }
 

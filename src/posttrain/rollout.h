@@ -43,9 +43,21 @@ struct Trajectory {
   int64_t generated = 0;
   int64_t turn_start = 0;         // ids index where the current assistant turn's output begins
   bool finished = false;
-  std::string finish;             // "stop" | "budget" | "tool_rounds"
+  std::string finish;             // "stop" | "budget" | "tool_rounds" | "media" (an image prompt's reply drew <|media_pad|>: malformed)
   int tool_calls = 0, tool_ok = 0, tool_rounds = 0;
   std::vector<std::string> responses;  // the response channel of each finished assistant turn
+  // Image prompts (posttrain/image_task.h): the frozen encoder's rows [image_tokens, d] for the
+  // positions of ids holding media_id, spliced into every forward over the prompt.
+  std::vector<float> image_rows;
+  int64_t image_tokens = 0;
+  int32_t media_id = -1;
+  // The splice for a forward over ids from position 0 (nullptr without an image); drows, when
+  // given, receives the rows' gradient in a backward (then discarded: the encoder is frozen).
+  const EmbedSpliceT<float>* splice(EmbedSpliceT<float>& sp, float* drows = nullptr) const {
+    if (image_tokens == 0) return nullptr;
+    sp = {media_id, image_rows.data(), image_tokens, drows};
+    return &sp;
+  }
   // Decode state between calls.
   DecodeState state;
   std::vector<int32_t> to_feed;   // tokens appended but not yet run through the model

@@ -18,11 +18,18 @@ namespace {
 
 using chat::Json;  // insertion-ordered: tool-call arguments render in the order they were written
 
-// The conversation fields an RL trajectory's prompt uses (chat_types.h); images and
-// system-message tool declarations never occur in RL prompts and are refused.
+// The conversation fields an RL trajectory's prompt uses (chat_types.h); system-message tool
+// declarations never occur in RL prompts and are refused. Image parts keep their place and
+// source name; their rows are not saved (the encoder is frozen: rl.cpp recomputes them from the
+// trajectory's problem, posttrain/image_task.h).
 Json message_json(const chat::Message& m) {
-  if (!m.images.empty() || m.tools) fail("rl checkpoint: a message with images or tool declarations cannot be saved");
+  if (m.tools) fail("rl checkpoint: a message with tool declarations cannot be saved");
   Json j = {{"role", chat::role_name(m.role)}, {"content", m.content}, {"name", m.name}};
+  if (!m.images.empty()) {
+    Json imgs = Json::array();
+    for (const chat::ImagePart& p : m.images) imgs.push_back({{"before", p.before}, {"url", p.url}, {"field", p.field}});
+    j["images"] = imgs;
+  }
   if (m.reasoning) j["reasoning"] = *m.reasoning;
   if (m.tool_call_id) j["tool_call_id"] = *m.tool_call_id;
   if (m.tool_name) j["tool_name"] = *m.tool_name;
@@ -65,6 +72,9 @@ chat::Conversation conversation_of(const Json& j) {
     if (mj.contains("reasoning")) m.reasoning = mj["reasoning"].get<std::string>();
     if (mj.contains("tool_call_id")) m.tool_call_id = mj["tool_call_id"].get<std::string>();
     if (mj.contains("tool_name")) m.tool_name = mj["tool_name"].get<std::string>();
+    if (mj.contains("images"))
+      for (const Json& ij : mj["images"])
+        m.images.push_back({ij.at("before").get<size_t>(), ij.at("url").get<std::string>(), ij.at("field").get<std::string>()});
     for (const Json& cj : mj.at("tool_calls")) {
       chat::ToolCall call;
       call.name = cj.at("name").get<std::string>();

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
@@ -26,13 +27,18 @@ std::string resolve(const std::string& base_file, const std::string& p) {
   return (fs::path(base_file).parent_path() / p).lexically_normal().string();
 }
 
-std::vector<ChatSequence> load_sequences(const SFTConfig& c, const ChatVocab& vocab) {
+std::vector<ChatSequence> load_sequences(const SFTConfig& c, const ChatVocab& vocab, const ImageTask* img) {
   std::vector<ChatSequence> out;
   if (c.arith) {
     for (int64_t i = 0; i < c.arith->problems; ++i) {
+      const std::string src = c.path + ": arithmetic problem " + std::to_string(i);
+      if (img) {
+        const ArithItem it = image_arith_item(*c.arith, i, false);
+        out.push_back(image_sft_sequence(*img, it.problem, it.effort, vocab, src));
+        continue;
+      }
       const ArithItem it = arith_item(*c.arith, i);
-      out.push_back(tokenize_conversation(sft_conversation(it.problem, it.effort, it.tool), vocab,
-                                          c.path + ": arithmetic problem " + std::to_string(i)));
+      out.push_back(tokenize_conversation(sft_conversation(it.problem, it.effort, it.tool), vocab, src));
     }
   } else {
     std::ifstream in(c.data);
@@ -69,7 +75,16 @@ SFTConfig load_sft_config(const std::string& path) {
   if (!rd.get("model", c.model)) rd.bad("model", "missing (the pretrained model directory)");
   c.model = resolve(path, c.model);
   rd.get("data", c.data);
-  if (const nlohmann::json* a = rd.sub("arithmetic")) c.arith = parse_arith_family(*a, path, "arithmetic");
+  std::string task = "arithmetic";
+  rd.get("task", task);
+  c.task = parse_posttrain_task(task, path);
+  rd.get("unifont", c.unifont);
+  const bool image = c.task == PosttrainTask::image_arithmetic;
+  if (const nlohmann::json* a = rd.sub("arithmetic")) {
+    c.arith = parse_arith_family(*a, path, "arithmetic");
+    if (image) check_image_family(*c.arith, *a, path, "arithmetic");
+  }
+  if (image && !c.arith) rd.bad("arithmetic", "missing: the image_arithmetic task draws its problems from it");
   if (c.data.empty() == !c.arith) rd.bad("data", "give exactly one of data (a JSONL file) and arithmetic");
   c.data = resolve(path, c.data);
   rd.get("steps", c.steps);
@@ -86,6 +101,8 @@ SFTConfig load_sft_config(const std::string& path) {
   rd.get("log_every", c.log_every);
   rd.get("seed", c.seed);
   rd.finish();
+  if (!image && j.contains("unifont")) rd.bad("unifont", "only the image_arithmetic task renders images");
+  if (image) c.unifont = resolve(path, c.unifont);
   if (c.steps < 1) rd.bad("steps", "must be at least 1");
   if (c.batch < 1) rd.bad("batch", "must be at least 1");
   if (c.max_tokens < 2) rd.bad("max_tokens", "must be at least 2");
@@ -106,7 +123,9 @@ SFTResult run_sft(const SFTConfig& c, const SFTOptions& o) {
   K3Model model = load_model(md, lo);
   const ChatVocab vocab = load_chat_vocab(md);
   const Vocabulary voc = Vocabulary::load_dir(md.dir);
-  const std::vector<ChatSequence> data = load_sequences(c, vocab);
+  std::optional<ImageTask> img;
+  if (c.task == PosttrainTask::image_arithmetic) img.emplace(load_image_task(md, c.unifont, c.path));
+  const std::vector<ChatSequence> data = load_sequences(c, vocab, img ? &*img : nullptr);
   PolicyUpdater up(model, c.update);
   int64_t step = 0;
   const std::string cfg_fp = read_json_file(c.path).dump();
@@ -127,7 +146,11 @@ SFTResult run_sft(const SFTConfig& c, const SFTOptions& o) {
   const int64_t end = o.stop_at_step >= 0 ? std::min(o.stop_at_step, c.steps) : c.steps;
   SFTResult res;
   res.checkpoint_dir = ckpt;
-  auto save = [&]() { up.save(ckpt, voc, {{"kind", "sft"}, {"step", step}, {"config", cfg_fp}}); };
+  auto save = [&]() {
+    up.save(ckpt, voc, {{"kind", "sft"}, {"step", step}, {"config", cfg_fp}}, [&](const std::string& tmp) {
+      if (img) save_frozen_encoder(tmp, *img, model);
+    });
+  };
   std::vector<int64_t> pick(size_t(c.batch));
   std::vector<double> loss(size_t(c.batch));
   while (step < end) {
@@ -142,6 +165,7 @@ SFTResult run_sft(const SFTConfig& c, const SFTOptions& o) {
         [&](int64_t j, float* g, TrainScratch& s) {
           const ChatSequence& q = data[size_t(pick[size_t(j)])];
           const int64_t T = int64_t(q.ids.size()) - 1;
+          EmbedSpliceT<float> sp{q.media_id, q.image_rows.data(), q.image_tokens, nullptr};  // frozen encoder
           loss[size_t(j)] = token_objective_backward_t<float>(
               model, q.ids.data(), T,
               [&](const double* logp, int64_t n, double* c_out) {
@@ -153,7 +177,7 @@ SFTResult run_sft(const SFTConfig& c, const SFTOptions& o) {
                 }
                 return l;
               },
-              g, s);
+              g, s, nullptr, q.image_tokens > 0 ? &sp : nullptr);
         },
         lr);
     double total = 0;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "posttrain/arith_task.h"
+#include "posttrain/image_task.h"
 #include "posttrain/policy_update.h"
 
 namespace k3 {
@@ -23,6 +24,10 @@ struct SFTConfig {
   std::string model;  // pretrained model directory (resolved)
   std::string data;   // JSONL path (resolved), or "" with `arith`
   std::optional<ArithFamily> arith;
+  // "task": arithmetic, or image_arithmetic (the family's problems as rendered images in the
+  // user turn, posttrain/image_task.h; a vision model, its encoder frozen; the "train" split).
+  PosttrainTask task = PosttrainTask::arithmetic;
+  std::string unifont = "/usr/share/unifont/unifont.hex";
   int64_t steps = 100, batch = 8, max_tokens = 1024;
   double lr = 1e-3, lr_end = 1e-4;
   int64_t warmup_steps = 5;

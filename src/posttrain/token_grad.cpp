@@ -12,7 +12,8 @@ namespace k3 {
 namespace {
 
 template <typename R>
-void forward_rows(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, TrainScratchT<R>& s, bool record) {
+void forward_rows(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, TrainScratchT<R>& s, bool record,
+                  const EmbedSpliceT<R>* splice = nullptr) {
   const ModelDims& dm = model.dims();
   if (T < 1) fail("a post-training sequence needs at least one target");
   for (int64_t t = 1; t <= T; ++t)
@@ -25,7 +26,7 @@ void forward_rows(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, Tr
   s.st.reset(dm);
   ForwardOptions fo;
   fo.mode = MixerMode::Prefill;
-  model.forward(s.logits.data(), tokens, T, s.st, s.fwd, fo, record ? &s.rec : nullptr);
+  model.forward(s.logits.data(), tokens, T, s.st, s.fwd, fo, record ? &s.rec : nullptr, splice);
 }
 
 template <typename R>
@@ -40,8 +41,8 @@ double row_lse(const R* l, int64_t V) {
 
 template <typename R>
 void sequence_logprobs_t(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, TrainScratchT<R>& s,
-                         double* logp) {
-  forward_rows(model, tokens, T, s, false);
+                         double* logp, const EmbedSpliceT<R>* splice) {
+  forward_rows(model, tokens, T, s, false, splice);
   const int64_t V = model.dims().V;
   for (int64_t t = 0; t < T; ++t) {
     const R* l = s.logits.data() + t * V;
@@ -51,8 +52,9 @@ void sequence_logprobs_t(const K3ModelT<R>& model, const int32_t* tokens, int64_
 
 template <typename R>
 double token_objective_backward_t(const K3ModelT<R>& model, const int32_t* tokens, int64_t T,
-                                  const TokenObjective& f, R* grads, TrainScratchT<R>& s, double* logp_out) {
-  forward_rows(model, tokens, T, s, true);
+                                  const TokenObjective& f, R* grads, TrainScratchT<R>& s, double* logp_out,
+                                  const EmbedSpliceT<R>* splice) {
+  forward_rows(model, tokens, T, s, true, splice);
   const int64_t V = model.dims().V;
   std::vector<double> lse(static_cast<size_t>(T)), logp(static_cast<size_t>(T)), c(static_cast<size_t>(T), 0.0);
   for (int64_t t = 0; t < T; ++t) {
@@ -73,7 +75,18 @@ double token_objective_backward_t(const K3ModelT<R>& model, const int32_t* token
     for (int64_t v = 0; v < V; ++v) l[v] = R(-ct * std::exp(double(l[v]) - lse[size_t(t)]));
     l[tokens[t + 1]] += R(ct);
   }
-  model.backward(grads, s.logits.data(), tokens, s.rec, s.bwd, s.fwd.layer);
+  // Image positions: their gradient goes to the splice's rows (the caller's drows, or a buffer
+  // nothing reads: a frozen encoder), never to the placeholder's embedding row.
+  std::vector<R> drows_local;
+  EmbedSpliceT<R> sp;
+  if (splice) {
+    sp = *splice;
+    if (!sp.drows) {
+      drows_local.assign(size_t(sp.n * model.dims().d), R(0));
+      sp.drows = drows_local.data();
+    }
+  }
+  model.backward(grads, s.logits.data(), tokens, s.rec, s.bwd, s.fwd.layer, nullptr, splice ? &sp : nullptr);
   return loss;
 }
 
@@ -122,9 +135,10 @@ double reverse_kl_backward_t(const K3ModelT<R>& model, const int32_t* tokens, in
 }
 
 #define K3_TOKEN_GRAD(R)                                                                                          \
-  template void sequence_logprobs_t<R>(const K3ModelT<R>&, const int32_t*, int64_t, TrainScratchT<R>&, double*); \
+  template void sequence_logprobs_t<R>(const K3ModelT<R>&, const int32_t*, int64_t, TrainScratchT<R>&, double*,  \
+                                       const EmbedSpliceT<R>*);                                                   \
   template double token_objective_backward_t<R>(const K3ModelT<R>&, const int32_t*, int64_t, const TokenObjective&, \
-                                                R*, TrainScratchT<R>&, double*);                                  \
+                                                R*, TrainScratchT<R>&, double*, const EmbedSpliceT<R>*);          \
   template void sequence_log_softmax_t<R>(const K3ModelT<R>&, const int32_t*, int64_t, TrainScratchT<R>&,        \
                                           std::vector<double>&);                                                  \
   template double reverse_kl_backward_t<R>(const K3ModelT<R>&, const int32_t*, int64_t, const double*,           \

@@ -17,21 +17,24 @@
 
 namespace k3 {
 
-// logp [T] of the targets tokens[1..T] (no gradient).
+// logp [T] of the targets tokens[1..T] (no gradient). splice (optional): image rows in place
+// of the expanded media placeholders (model/k3_model.h), as the rollout's prefill had them.
 template <typename R>
 void sequence_logprobs_t(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, TrainScratchT<R>& s,
-                         double* logp);
+                         double* logp, const EmbedSpliceT<R>* splice = nullptr);
 
 // The loss's coefficients from the sequence's log-probabilities: writes dlogp [T] given
 // logp [T], returns the sequence's loss contribution.
 using TokenObjective = std::function<double(const double* logp, int64_t T, double* dlogp)>;
 
 // Forward with record, f, then the backward: grads += dL/dW (parameter gradients accumulate).
-// logp_out (optional) [T] receives the log-probabilities. Returns f's loss.
+// logp_out (optional) [T] receives the log-probabilities. Returns f's loss. splice (optional):
+// image rows; their gradient goes to splice->drows when given (else nowhere: a frozen encoder)
+// and the placeholder's embedding row gets none.
 template <typename R>
 double token_objective_backward_t(const K3ModelT<R>& model, const int32_t* tokens, int64_t T,
                                   const TokenObjective& f, R* grads, TrainScratchT<R>& s,
-                                  double* logp_out = nullptr);
+                                  double* logp_out = nullptr, const EmbedSpliceT<R>* splice = nullptr);
 
 // Full log-softmax rows [T, V] (the teacher side of distillation; no gradient).
 template <typename R>

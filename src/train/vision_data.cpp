@@ -193,7 +193,13 @@ VisionExample VisionDataSource::example(VisionTask task, bool test, int64_t inde
   if (!font_loaded_) font_ = Unifont::load(unifont_path_), font_loaded_ = true;
   std::mt19937_64 rng(mix(s ^ mix(uint64_t(index) * 4 + 3)));
   const int a = 10 + int(rng() % 90), b = 10 + int(rng() % 90);
-  ex.image = font_.render(std::to_string(a) + "+" + std::to_string(b));
+  return arithmetic_example(font_, a, b);
+}
+
+VisionExample arithmetic_example(const Unifont& font, int a, int b) {
+  VisionExample ex;
+  ex.task = VisionTask::Arithmetic;
+  ex.image = font.render(std::to_string(a) + "+" + std::to_string(b));
   ex.question = "sum?";
   ex.answer = std::to_string(a + b);
   return ex;

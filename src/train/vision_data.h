@@ -72,6 +72,11 @@ class VisionDataSource {
   Unifont font_;
 };
 
+// The rendered arithmetic example for operands a, b: the image of "a+b" in unifont, the
+// question "sum?" and the answer a + b (the training stream draws a, b in 10..99; RL on
+// images, posttrain/image_task.h, draws its own and checks this answer).
+VisionExample arithmetic_example(const Unifont& font, int a, int b);
+
 // Renders one scene (exposed for tests): shapes at fixed cells of a 2 x 2 grid of a 32 x 32
 // white canvas.
 VisionExample render_scene(uint64_t seed, int64_t index);
