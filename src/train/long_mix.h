@@ -23,18 +23,25 @@ struct LongTaskMix {
   // around a passkey is predictable, so at weight 1 its few answer tokens carry ~2 % of the
   // sample's loss (docs/long-context.md: no model of the first study learnt retrieval).
   double answer_weight = 1;
+  // Task lengths (targets, each in [1, the stage's seq_len]; empty: the stage's seq_len): a
+  // replaced sequence draws one, L, and holds a sample of L + 1 tokens at its start, the
+  // stream's text after it. Varies the span a retrieval must cross and the number of keys
+  // the attention sees at the question, so the NoPE MLA layer cannot fit one window length
+  // (docs/long-context.md, study 3).
+  std::vector<int64_t> lengths;
   bool active() const { return fraction > 0 && !tasks.empty(); }
 };
 
-// Whether sequence `index` of step `step` is replaced; if so writes T + 1 ids into `out`
-// (a sample of T + 1 tokens: its last answer ends at the last target) and returns true.
-// weight (optional, [T] target weights): set to 1, and to mix.answer_weight at the targets
-// that predict an answer token of a replaced sequence.
+// Whether sequence `index` of step `step` is replaced; if so writes the sample into `out`
+// and returns true: T + 1 ids (its last answer ends at the last target), or with `lengths`
+// the first L + 1 ids for the drawn L, leaving out[L + 1 ..] as the caller's (the stream's
+// text). weight (optional, [T] target weights): set to 1, and to mix.answer_weight at the
+// targets that predict an answer token of a replaced sequence.
 bool mix_long_sample(const LongTaskMix& mix, const TextEncoder& enc, uint64_t seed, int64_t step, int64_t index,
                      int64_t T, int32_t* out, float* weight = nullptr);
 
-// k3::Error (the generator's, naming the task) when a sequence of T + 1 tokens cannot hold one
-// of the mix's tasks; a no-op for an inactive mix.
+// k3::Error (the generator's, naming the task) when a sequence of T + 1 tokens (or of each of
+// `lengths` + 1) cannot hold one of the mix's tasks; a no-op for an inactive mix.
 void check_long_task_mix(const LongTaskMix& mix, const TextEncoder& enc, int64_t T);
 
 }  // namespace k3

@@ -60,6 +60,7 @@ LongTaskMix parse_long_task_mix(const json& j, const std::string& path, const st
   rd.get("hops", m.hops);
   rd.get("answer_weight", m.answer_weight);
   rd.known.insert("tasks");
+  rd.known.insert("lengths");
   rd.check_unknown();
   if (!(m.fraction > 0 && m.fraction <= 1)) fail_input(path, field + ".fraction", "must be in (0, 1]");
   if (!j.contains("tasks") || !j["tasks"].is_array() || j["tasks"].empty())
@@ -73,6 +74,16 @@ LongTaskMix parse_long_task_mix(const json& j, const std::string& path, const st
       fail_input(path, f, "expected passkey, mqar, vartrack or mixed, got '" + name + "'");
     m.tasks.push_back(parse_long_task(name));
   }
+  if (j.contains("lengths")) {  // within the stage's seq_len: checked by the caller, which knows it
+    const json& ls = j["lengths"];
+    if (!ls.is_array() || ls.empty())
+      fail_input(path, field + ".lengths", "expected a non-empty list of task lengths in tokens (e.g. [64, 128, 256])");
+    for (size_t i = 0; i < ls.size(); ++i) {
+      if (!ls[i].is_number_integer() || ls[i].get<int64_t>() < 1)
+        fail_input(path, field + ".lengths[" + std::to_string(i) + "]", "expected a positive whole number of tokens");
+      m.lengths.push_back(ls[i].get<int64_t>());
+    }
+  }
   if (m.pairs < 1) fail_input(path, field + ".pairs", "must be at least 1");
   if (m.queries < 1 || m.queries > m.pairs) fail_input(path, field + ".queries", "must be in [1, pairs]");
   if (m.hops < 1) fail_input(path, field + ".hops", "must be at least 1");
@@ -84,8 +95,10 @@ LongTaskMix parse_long_task_mix(const json& j, const std::string& path, const st
 json long_task_mix_json(const LongTaskMix& m) {
   json tasks = json::array();
   for (LongTask t : m.tasks) tasks.push_back(long_task_name(t));
-  return {{"fraction", m.fraction}, {"tasks", tasks}, {"pairs", m.pairs}, {"queries", m.queries}, {"hops", m.hops},
-          {"answer_weight", m.answer_weight}};
+  json out = {{"fraction", m.fraction}, {"tasks", tasks}, {"pairs", m.pairs}, {"queries", m.queries}, {"hops", m.hops},
+              {"answer_weight", m.answer_weight}};
+  if (!m.lengths.empty()) out["lengths"] = m.lengths;  // absent: a run file from before the field reads the same
+  return out;
 }
 
 }  // namespace
@@ -239,6 +252,10 @@ RunConfig parse_run_config(const std::string& text, const std::string& path) {
     sr.check_unknown();
     if (sj.contains("long_tasks")) s.long_tasks = parse_long_task_mix(sj["long_tasks"], path, pre + "long_tasks");
     if (s.seq_len < 2) fail_input(path, pre + "seq_len", "must be at least 2");
+    for (size_t k = 0; k < s.long_tasks.lengths.size(); ++k)
+      if (s.long_tasks.lengths[k] > s.seq_len)
+        fail_input(path, pre + "long_tasks.lengths[" + std::to_string(k) + "]",
+                   std::to_string(s.long_tasks.lengths[k]) + " exceeds the stage's seq_len " + std::to_string(s.seq_len));
     if (s.tokens <= 0) fail_input(path, pre + "tokens", "must be positive");
     positive(path, pre + "lr_peak", s.lr_peak);
     if (s.lr_end < 0) fail_input(path, pre + "lr_end", "must be >= 0");

@@ -8,7 +8,9 @@
 //    stopping and resuming it gives the straight run's losses bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
 
@@ -170,6 +172,55 @@ TEST(LongMix, AnswerWeightMarksTheAnswerTargets) {
   EXPECT_GT(kept, 5);
 }
 
+// `lengths`: a replaced sequence holds a sample of one of the lengths at its start (its answer
+// weighted, ending at that length's last target) and keeps the caller's ids after it; every
+// length is drawn; lengths {T} is the mix without the field, id for id; the check refuses a
+// length too short for a task or longer than the stage.
+TEST(LongMix, TaskLengthsPlaceAShorterSampleAtTheStartAndKeepTheTextAfterIt) {
+  LongTaskMix mix;
+  mix.fraction = 1;
+  mix.tasks = {LongTask::passkey};
+  mix.answer_weight = 5;
+  const int64_t T = 400;
+  mix.lengths = {250, 400};
+  std::vector<int32_t> ids(T + 1);
+  std::vector<float> w(T);
+  std::map<int64_t, int> seen;
+  for (int64_t i = 0; i < 40; ++i) {
+    std::fill(ids.begin(), ids.end(), -7);
+    ASSERT_TRUE(mix_long_sample(mix, enc, 3, i, 1, T, ids.data(), w.data()));
+    const int64_t L = int64_t(std::find(ids.begin(), ids.end(), -7) - ids.begin()) - 1;
+    ASSERT_TRUE(L == 250 || L == 400) << L;
+    ++seen[L];
+    for (int64_t p = L + 1; p <= T; ++p) ASSERT_EQ(ids[size_t(p)], -7) << "the text after the sample was overwritten";
+    for (int64_t p = 0; p <= L; ++p) ASSERT_TRUE(ids[size_t(p)] >= 0 && ids[size_t(p)] < 256) << p;
+    int64_t last = -1;
+    for (int64_t t = 0; t < T; ++t)
+      if (w[size_t(t)] == 5.f) last = t;
+      else ASSERT_EQ(w[size_t(t)], 1.f) << t;
+    EXPECT_EQ(last, L - 1) << "the last answer ends at the sample's last target";
+  }
+  EXPECT_GE(seen[250], 5);
+  EXPECT_GE(seen[400], 5);
+  LongTaskMix full = mix, none = mix;
+  full.lengths = {T};
+  none.lengths.clear();
+  std::vector<int32_t> a(T + 1), b(T + 1);
+  for (int64_t i = 0; i < 10; ++i) {
+    mix_long_sample(full, enc, 3, i, 0, T, a.data());
+    mix_long_sample(none, enc, 3, i, 0, T, b.data());
+    ASSERT_EQ(a, b) << "lengths {seq_len} draws other samples than no lengths";
+  }
+  mix.lengths = {60, 400};
+  const std::string short_one = error_of([&] { check_long_task_mix(mix, enc, T); });
+  EXPECT_NE(short_one.find("lengths entry 60: "), std::string::npos) << short_one;
+  EXPECT_NE(short_one.find("cannot hold"), std::string::npos) << short_one;
+  mix.lengths = {401};
+  EXPECT_NE(error_of([&] { check_long_task_mix(mix, enc, T); }).find("outside [1, seq_len 400]"), std::string::npos);
+  mix.lengths = {250, 400};
+  EXPECT_NO_THROW(check_long_task_mix(mix, enc, T));
+}
+
 TEST(LongMix, RunFileStageFieldParsesNamesErrorsAndRoundTrips) {
   auto run = tiny_run();
   run["stages"][1]["long_tasks"] = {{"fraction", 0.25}, {"tasks", {"passkey", "mixed"}}, {"pairs", 4}, {"queries", 2},
@@ -201,6 +252,20 @@ TEST(LongMix, RunFileStageFieldParsesNamesErrorsAndRoundTrips) {
   EXPECT_NE(bad({{"fraction", 0.5}, {"tasks", {"passkey"}}, {"answer_weight", 0}}).find("long_tasks.answer_weight"),
             std::string::npos);
   EXPECT_NE(bad("half").find("stages[1].long_tasks"), std::string::npos);
+  // lengths: a non-empty list of positive lengths within the stage's seq_len (64), round-tripped.
+  const nlohmann::json pk = {"passkey"};
+  EXPECT_NE(bad({{"fraction", 0.5}, {"tasks", pk}, {"lengths", nlohmann::json::array()}}).find("long_tasks.lengths"),
+            std::string::npos);
+  EXPECT_NE(bad({{"fraction", 0.5}, {"tasks", pk}, {"lengths", {32, 0}}}).find("long_tasks.lengths[1]"), std::string::npos);
+  const std::string over = bad({{"fraction", 0.5}, {"tasks", pk}, {"lengths", {32, 65}}});
+  EXPECT_NE(over.find("stages[1].long_tasks.lengths[1]"), std::string::npos) << over;
+  EXPECT_NE(over.find("exceeds the stage's seq_len 64"), std::string::npos) << over;
+  auto withl = tiny_run();
+  withl["stages"][1]["long_tasks"] = {{"fraction", 0.5}, {"tasks", pk}, {"lengths", {32, 64}}};
+  const RunConfig rl = parse_run_config(withl.dump(), "/tmp/run.json");
+  EXPECT_EQ(rl.stages[1].long_tasks.lengths, (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(parse_run_config(run_config_to_json(rl), "/tmp/run.json").stages[1].long_tasks.lengths,
+            rl.stages[1].long_tasks.lengths);
 }
 
 namespace {
@@ -255,4 +320,11 @@ TEST(LongMix, StageTooShortForItsTasksIsRefusedNamingTheField) {
   const std::string e = error_of([&] { train_run(run, t.sub("a"), false); });
   EXPECT_NE(e.find("stages[0].long_tasks"), std::string::npos) << e;
   EXPECT_NE(e.find("cannot hold"), std::string::npos) << e;
+  // A task length too short for the task, in a stage long enough for it.
+  auto k = run_with_long_tasks();
+  k["stages"][1]["long_tasks"]["lengths"] = {24, 256};
+  const std::string run2 = write_run_files(t.path, k);
+  const std::string e2 = error_of([&] { train_run(run2, t.sub("b"), false); });
+  EXPECT_NE(e2.find("stages[1].long_tasks"), std::string::npos) << e2;
+  EXPECT_NE(e2.find("cannot hold"), std::string::npos) << e2;
 }
