@@ -68,12 +68,17 @@ static Shape contiguous_strides(const Shape& shape) {
   return st;
 }
 
-Tensor Tensor::empty(DType dt, const Shape& shape) {
+Tensor Tensor::unallocated(DType dt, const Shape& shape) {
   for (int64_t d : shape) K3_ASSERT(d >= 0, "negative dimension in " + shape_str(shape));
   Tensor t;
   t.dtype_ = dt;
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
+  return t;
+}
+
+Tensor Tensor::empty(DType dt, const Shape& shape) {
+  Tensor t = unallocated(dt, shape);
   void* p = aligned_alloc64(t.nbytes());
   t.owner_ = std::shared_ptr<void>(p, aligned_free64);
   t.data_ = p;
@@ -87,11 +92,7 @@ Tensor Tensor::zeros(DType dt, const Shape& shape) {
 }
 
 Tensor Tensor::zeros_mapped(DType dt, const Shape& shape) {
-  for (int64_t d : shape) K3_ASSERT(d >= 0, "negative dimension in " + shape_str(shape));
-  Tensor t;
-  t.dtype_ = dt;
-  t.shape_ = shape;
-  t.strides_ = contiguous_strides(shape);
+  Tensor t = unallocated(dt, shape);
   const size_t bytes = t.nbytes();
   if (bytes == 0) return zeros(dt, shape);
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

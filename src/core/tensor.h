@@ -69,6 +69,7 @@ class Tensor {
   void copy_from(const Tensor& src);  // same shape; converts dtype
 
  private:
+  static Tensor unallocated(DType dt, const Shape& shape);  // dtype, shape and strides only
   template <typename T> void check_type() const;
   DType dtype_ = DType::F32;
   Shape shape_, strides_;

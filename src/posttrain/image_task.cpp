@@ -10,6 +10,7 @@
 #include "io/atomic_file.h"
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "posttrain/config_reader.h"
 #include "posttrain/policy_update.h"
 #include "posttrain/serial_blas.h"
 
@@ -21,6 +22,13 @@ PosttrainTask parse_posttrain_task(const std::string& name, const std::string& f
   if (name == "arithmetic") return PosttrainTask::arithmetic;
   if (name == "image_arithmetic") return PosttrainTask::image_arithmetic;
   fail_input(file, "task", "'" + name + "' is not a task (expected arithmetic or image_arithmetic)");
+}
+
+PosttrainTask read_posttrain_task(ConfigReader& rd, const std::string& file, std::string* unifont) {
+  std::string task = "arithmetic";
+  rd.get("task", task);
+  rd.get("unifont", *unifont);
+  return parse_posttrain_task(task, file);
 }
 
 const char* posttrain_task_name(PosttrainTask t) {

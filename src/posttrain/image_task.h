@@ -39,6 +39,9 @@ namespace k3 {
 enum class PosttrainTask { arithmetic, image_arithmetic };
 // k3::Error "<file>: task: ..." for an unknown name.
 PosttrainTask parse_posttrain_task(const std::string& name, const std::string& file);
+class ConfigReader;
+// rl.json / sft.json "task" (default arithmetic) and "unifont" (*unifont kept when absent).
+PosttrainTask read_posttrain_task(ConfigReader& rd, const std::string& file, std::string* unifont);
 const char* posttrain_task_name(PosttrainTask t);
 
 // The family's problems must be what the renderer draws: 2-digit addition without the tool

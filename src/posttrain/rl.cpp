@@ -51,10 +51,7 @@ RLConfig load_rl_config(const std::string& path) {
   ConfigReader rd(j, path);
   if (!rd.get("model", c.model)) rd.bad("model", "missing (the SFT model directory)");
   c.model = resolve(path, c.model);
-  std::string task = "arithmetic";
-  rd.get("task", task);
-  c.task = parse_posttrain_task(task, path);
-  rd.get("unifont", c.unifont);
+  c.task = read_posttrain_task(rd, path, &c.unifont);
   const bool image = c.task == PosttrainTask::image_arithmetic;
   if (const nlohmann::json* a = rd.sub("arithmetic")) {
     c.train = parse_arith_family(*a, path, "arithmetic");

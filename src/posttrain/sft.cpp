@@ -75,10 +75,7 @@ SFTConfig load_sft_config(const std::string& path) {
   if (!rd.get("model", c.model)) rd.bad("model", "missing (the pretrained model directory)");
   c.model = resolve(path, c.model);
   rd.get("data", c.data);
-  std::string task = "arithmetic";
-  rd.get("task", task);
-  c.task = parse_posttrain_task(task, path);
-  rd.get("unifont", c.unifont);
+  c.task = read_posttrain_task(rd, path, &c.unifont);
   const bool image = c.task == PosttrainTask::image_arithmetic;
   if (const nlohmann::json* a = rd.sub("arithmetic")) {
     c.arith = parse_arith_family(*a, path, "arithmetic");

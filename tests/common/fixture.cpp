@@ -1,12 +1,34 @@
 #include "common/fixture.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 
 namespace k3::test {
 
 std::string data_path(const std::string& rel) { return std::string(K3_TEST_DATA_DIR) + "/" + rel; }
 std::string fixture_path(const std::string& rel) { return data_path("k3-fixtures/" + rel); }
+
+std::string scratch_dir(const std::string& name) {
+  const std::filesystem::path p = std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
+std::string write_text(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string p = (std::filesystem::path(dir) / name).string();
+  std::ofstream(p) << text;
+  return p;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 Fixture::Fixture(const std::string& rel_path) : path_(fixture_path(rel_path)) {
   std::ifstream f(path_);

@@ -14,6 +14,12 @@ namespace k3::test {
 std::string data_path(const std::string& rel);  // tests/data/<rel>
 std::string fixture_path(const std::string& rel);  // tests/data/k3-fixtures/<rel>
 
+// Scratch files: a fresh empty directory <tmp>/<name>_<pid>; a text file written into a
+// directory (its path returned); a whole file's bytes ("" if it cannot be read).
+std::string scratch_dir(const std::string& name);
+std::string write_text(const std::string& dir, const std::string& name, const std::string& text);
+std::string file_bytes(const std::string& path);
+
 struct FixTensor {
   std::vector<int64_t> shape;
   std::vector<float> data;

@@ -17,6 +17,7 @@
 #include <fstream>
 
 #include "common/fixture.h"
+#include "config_error.h"
 #include "core/error.h"
 #include "infer/image_prompt.h"
 #include "infer/session.h"
@@ -51,23 +52,11 @@ const Fx& fx() {
   return f;
 }
 
-std::string tmp_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("k3_imgrl_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
+std::string tmp_dir(const std::string& name) { return test::scratch_dir("k3_imgrl_" + name); }
 std::string write(const std::string& dir, const std::string& name, const std::string& text) {
-  const std::string p = (fs::path(dir) / name).string();
-  std::ofstream(p) << text;
-  return p;
+  return test::write_text(dir, name, text);
 }
-
-std::string file_bytes(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using test::file_bytes;
 
 ArithProblem problem(int64_t a, int64_t b) {
   ArithProblem p;
@@ -305,16 +294,7 @@ TEST(ImageRl, SftOnImagesMasksTheImageAndSavesTheEncoder) {
 
 TEST(ImageRl, BadConfigsAreOneClearError) {
   const std::string d = tmp_dir("bad");
-  auto err = [&](const std::string& text, bool rl) {
-    const std::string p = write(d, "c.json", text);
-    try {
-      if (rl) load_rl_config(p);
-      else load_sft_config(p);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  auto err = [&](const std::string& text, bool rl) { return test::posttrain_config_error(d, text, rl); };
   auto has = [](const std::string& msg, const std::string& what) {
     return msg.find(what) != std::string::npos ? ::testing::AssertionSuccess() : ::testing::AssertionFailure() << msg;
   };

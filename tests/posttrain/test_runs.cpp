@@ -8,6 +8,7 @@
 #include <map>
 
 #include "common/fixture.h"
+#include "config_error.h"
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "posttrain/distill.h"
@@ -19,23 +20,11 @@ using namespace k3;
 
 namespace {
 
-std::string tmp_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("k3_posttrain_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
+std::string tmp_dir(const std::string& name) { return test::scratch_dir("k3_posttrain_" + name); }
 std::string write(const std::string& dir, const std::string& name, const std::string& text) {
-  const std::string p = (fs::path(dir) / name).string();
-  std::ofstream(p) << text;
-  return p;
+  return test::write_text(dir, name, text);
 }
-
-std::string file_bytes(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using test::file_bytes;
 
 const char* kSft = R"({"model": "MODEL", "arithmetic": {"digits": [1, 2], "ops": "+*", "problems": 20, "tool_share": 0.3},
   "steps": 4, "batch": 3, "lr": 3e-3, "warmup_steps": 1, "threads": 2, "checkpoint_every": 2, "max_tokens": 4096})";
@@ -157,16 +146,7 @@ TEST(PosttrainRuns, RlResumesExactlyWithPartialRollouts) {
 
 TEST(PosttrainRuns, BadConfigsAreOneClearError) {
   const std::string d = tmp_dir("bad");
-  auto err = [&](const std::string& text, bool rl) {
-    const std::string p = write(d, "c.json", text);
-    try {
-      if (rl) load_rl_config(p);
-      else load_sft_config(p);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  auto err = [&](const std::string& text, bool rl) { return test::posttrain_config_error(d, text, rl); };
   EXPECT_NE(err(R"({"arithmetic": {}})", false).find("model"), std::string::npos);
   EXPECT_NE(err(R"({"model": "x", "arithmetic": {}, "stpes": 3})", false).find("stpes: unknown field"), std::string::npos);
   EXPECT_NE(err(R"({"model": "x", "arithmetic": {"digits": [0]}})", false).find("arithmetic.digits"), std::string::npos);

@@ -85,10 +85,7 @@ k3::Image random_image(int64_t h, int64_t w, uint64_t seed) {
   return img;
 }
 
-std::string file_bytes(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
+using k3::test::file_bytes;
 
 Json image_request(const std::string& url, const std::string& text = "what is this?") {
   return Json{{"messages", Json::array({Json{{"role", "user"},
