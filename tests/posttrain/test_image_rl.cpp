@@ -17,7 +17,7 @@
 #include <fstream>
 
 #include "common/fixture.h"
-#include "config_error.h"
+#include "run_helpers.h"
 #include "core/error.h"
 #include "infer/image_prompt.h"
 #include "infer/session.h"
@@ -216,20 +216,10 @@ TEST(ImageRl, ResumeOfAnImageRunIsExact) {
     "steps": 3, "prompts_per_step": 3, "group_size": 4, "budgets": {"low": 30, "high": 40, "max": 40},
     "lambda": 0.5, "checkpoint_every": 1, "lr": 1e-3, "threads": 1, "kl_coef": 0.05, "format_penalty": 0.7, "seed": 4})";
   const RLConfig c = load_rl_config(write(d, "rl.json", rl));
-  RLOptions o;
-  o.quiet = true;
-  o.out_dir = d + "/whole";
-  run_rl(c, o);
-  o.out_dir = d + "/split";
-  o.stop_at_step = 1;
-  run_rl(c, o);
-  const nlohmann::json st = nlohmann::json::parse(file_bytes(d + "/split/checkpoint/posttrain_state.json"));
-  ASSERT_GT(st["state"]["buffered"].get<int64_t>(), 0);
+  RLOptions o = test::run_whole_then_stop_after_step_1(c, d);
   // The checkpoint is a vision model directory (the frozen encoder, its vision_config).
   EXPECT_EQ(file_bytes(d + "/split/checkpoint/vision.safetensors"), file_bytes(d + "/whole/checkpoint/vision.safetensors"));
   EXPECT_NO_THROW(load_vision_model(d + "/split/checkpoint", open_model_dir(d + "/split/checkpoint").config, "ckpt"));
-  o.resume = true;
-  o.stop_at_step = -1;
   EXPECT_EQ(run_rl(c, o).steps, 3);
   auto records = [](const std::string& path, const char* type) {
     std::vector<std::string> out;

