@@ -301,8 +301,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path, 
   const bool captured = cap.plain;
   if (captured)
     for (auto& [k, v] : cap.metadata) f->metadata_[k] = std::move(v);
-  const json tree = captured || !header.is_null() ? json() : parse_json_strict(path, "header", hb, hb + n);
-  const json& h = header.is_null() ? tree : header;
+  // Not captured: the walk built the tree (header) and it reports what was wrong.
+  const json& h = header;
   if (!captured) {
     infos.clear();
     if (!h.is_object()) fail_input(path, "header", std::string("is a JSON ") + h.type_name() + ", not an object");
