@@ -31,7 +31,7 @@ const char* kUsage =
     "usage: k3cpp eval <model dir> --task passkey|mqar|vartrack|mixed|loss-by-position\n"
     "                  [--lengths 1K,2K,...] [--depths 0,0.25,0.5,0.75,1] [--samples N] [--pairs N]\n"
     "                  [--queries N] [--hops N] [--chunk N] [--bucket N] [--data SPEC] [--seed N] [--threads N]\n"
-    "                  [--json out.json]\n"
+    "                  [--attn-logn N] [--json out.json]\n"
     "  --lengths   sample lengths in tokens (K = 1024), default 1K,2K,4K\n"
     "  --depths    passkey: where the key sits; vartrack: where the chain starts (default 0,0.25,0.5,0.75,1)\n"
     "  --samples   samples per grid cell (default 5)\n"
@@ -41,7 +41,9 @@ const char* kUsage =
     "              (pass key, pairs, chain) and shuffles the evidence over the window (no depths)\n"
     "  --chunk     prefill chunk (default 512): memory is the decode state plus one chunk\n"
     "  --bucket    loss-by-position: positions per bucket (default 256)\n"
-    "  --data      loss-by-position: corpus of held-out text ('bible' or a path; default bible)\n";
+    "  --data      loss-by-position: corpus of held-out text ('bible' or a path; default bible)\n"
+    "  --attn-logn MLA queries past N tokens scaled by ln(p + 1) / ln(N) (log-length attention\n"
+    "              scaling; N usually the training length). Not part of K3; default 0: off\n";
 
 std::vector<int64_t> parse_lengths(const std::string& s) {
   std::vector<int64_t> out;
@@ -96,7 +98,7 @@ json figures_json(const std::vector<int64_t>& lengths, const std::vector<LengthF
 int cmd_eval_long(const std::vector<std::string>& args) {
   Args a(args,
          {"task", "lengths", "depths", "samples", "pairs", "queries", "hops", "chunk", "bucket", "data", "seed", "threads",
-          "json"},
+          "json", "attn-logn"},
          {"help"}, "eval");
   if (a.flag("help")) {
     std::fputs(kUsage, stdout);
@@ -125,12 +127,16 @@ int cmd_eval_long(const std::vector<std::string>& args) {
   const std::string vocab = voc.describe();
   LoadOptions lo;
   lo.dense_as_stored = true;
-  const K3Model model = load_model(md, lo);
+  K3Model model = load_model(md, lo);
+  const int64_t logn = a.get_int("attn-logn", 0);
+  if (logn < 0 || logn == 1) fail("--attn-logn: expected 0 (off) or a length of at least 2, got " + std::to_string(logn));
+  model.set_mla_logn_base(logn);
   announce_machine("eval");
   std::fprintf(stderr, "eval: task %s, vocabulary %s, chunk %lld\n", task_name.c_str(), vocab.c_str(),
                (long long)chunk);
 
   json out = {{"model", dir}, {"task", task_name}, {"vocabulary", vocab}, {"chunk", chunk}, {"lengths", lengths}};
+  if (logn > 0) out["attn_logn"] = logn;
   std::vector<LengthFigures> figs(lengths.size());
   const double rss0 = double(read_proc_mem().vm_rss);
   if (by_position) {

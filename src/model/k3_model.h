@@ -124,6 +124,9 @@ class K3ModelT {
 
   const K3Config& config() const { return store_.config(); }
   const ModelDims& dims() const { return dims_; }
+  // Inference only: MLA log-length attention scaling with base n (MLADims::logn_base; 0 off,
+  // the K3 forward). The training forward refuses a model with it on.
+  void set_mla_logn_base(int64_t n) { dims_.mla_dims.logn_base = n; }
   // The f32 store. For float the forward reads it (in-place updates keep the views valid);
   // for double it is only the source of the values, the layout and the config.
   const WeightStore& weights() const { return store_; }

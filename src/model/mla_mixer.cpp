@@ -129,6 +129,24 @@ static void gate_and_project(R* out, const R* x, const MLAWeightsT<R>& w, const 
 
 static double softmax_scale(const MLADims& dm) { return 1.0 / std::sqrt(double(dm.nope + dm.rope)); }
 
+double mla_logn_factor(const MLADims& dm, int64_t p) {
+  if (dm.logn_base <= 1 || p + 1 <= dm.logn_base) return 1.0;
+  return std::log(double(p + 1)) / std::log(double(dm.logn_base));
+}
+
+// Queries q [T, H * Dq] of absolute positions P .. P + T - 1 scaled by mla_logn_factor: the
+// whole row, so every score s_ij = scale q_i . k_j of query i is (the softmax temperature).
+template <typename R>
+static void apply_logn(R* q, const MLADims& dm, int64_t P, int64_t T) {
+  if (dm.logn_base <= 1) return;
+  const int64_t row = dm.H * (dm.nope + dm.rope);
+  for (int64_t t = 0; t < T; ++t) {
+    const R f = R(mla_logn_factor(dm, P + t));
+    if (f == R(1)) continue;
+    for (int64_t i = 0; i < row; ++i) q[t * row + i] *= f;
+  }
+}
+
 AttentionDims mla_attention_dims(const MLADims& dm, int64_t T, int64_t P) {
   const int64_t KV = dm.nope + dm.v;
   AttentionDims ad;
@@ -149,6 +167,7 @@ void mla_mixer_forward(R* out, MLACacheT<R>& cache, const R* x, const MLAWeights
                        int64_t T, MLAScratchT<R>& s, MLASavedT<R>* saved) {
   check(w, dm, cache);
   K3_ASSERT(!saved || cache.n == 0, "mla: a training forward (saved) must start from an empty cache");
+  K3_ASSERT(!saved || dm.logn_base == 0, "mla: log-length attention scaling is an inference option, not trained");
   if (T == 0) {
     if (saved) saved->ensure(0, dm);
     return;
@@ -177,6 +196,7 @@ void mla_mixer_forward(R* out, MLACacheT<R>& cache, const R* x, const MLAWeights
     kv = s.kv.data();
   }
   project_and_append(cache, x, w, dm, T, a, saved ? saved->ckv.data() : nullptr);
+  apply_logn(a.q, dm, P, T);
   // Expand every cached latent into per-head [k_nope | v]: kv [Tk, H, nope + v].
   linear(kv, cache.c_kv.data(), w.kv_b_proj, Tk, dm.kv_lora, dm.H * KV);
   const AttentionDims ad = mla_attention_dims(dm, T, P);
@@ -215,6 +235,7 @@ void mla_mixer_decode_batch(float* out, MLACache* const* caches, const int64_t* 
                          nullptr,         nullptr, nullptr,     nullptr};
   // Projections over every row: each weight is read once for the batch.
   project<float>(x, w, dm, T, a);
+  for (int64_t j = 0; j < n_seg; ++j) apply_logn(s.q.data() + seg[j] * dm.H * Dq, dm, caches[j]->n, seg[j + 1] - seg[j]);
   grow(s.qa, T * dm.H * Da);
   grow(s.olat, T * dm.H * L);
   grow(s.o, T * dm.H * dm.v);

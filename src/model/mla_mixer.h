@@ -53,7 +53,15 @@ struct MLADims {
   int64_t d, H, q_lora, kv_lora, nope, rope, v;
   bool output_gate;
   double rms_eps;
+  // Log-length attention scaling at inference (0: off, the K3 forward). With a base N > 1 the
+  // query at absolute position p (0-based) is multiplied by ln(p + 1) / ln(N) once p + 1 > N,
+  // which keeps the attention's entropy from growing past the length N the model was trained
+  // at (Qwen's logn attention; Nakanishi 2025, Scalable-Softmax). Not part of K3: an
+  // extrapolation option of `eval`, refused by the training forward.
+  int64_t logn_base = 0;
 };
+// The query scale at absolute position p under dm.logn_base (1 when off or within the base).
+double mla_logn_factor(const MLADims& dm, int64_t p);
 
 // Latent cache: one row per past token (K3_REFERENCE section 4: 512 + 64 floats per token).
 template <typename R>

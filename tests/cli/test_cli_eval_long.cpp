@@ -48,11 +48,33 @@ TEST(CliEvalLong, LossByPositionCurves) {
   for (const auto& v : j["curves"][0]["loss_nats"]) EXPECT_GT(v.get<double>(), 0);
 }
 
+// --attn-logn 100 (an extrapolation option, not K3): the MLA layer's queries past position 99
+// are scaled, so the first bucket's loss is the plain run's bit for bit and the later ones move.
+TEST(CliEvalLong, AttnLognLeavesPositionsWithinItsBaseAndMovesTheRest) {
+  test::TempDir tmp;
+  auto curve = [&](const std::string& extra, const std::string& name) {
+    const test::RunResult r = test::run_k3cpp("eval " + kModel + " --task loss-by-position --lengths 300 --bucket 100" +
+                                              " --chunk 64 --threads 1" + extra + " --json " + tmp.sub(name));
+    EXPECT_EQ(r.rc, 0) << r.err;
+    return nlohmann::json::parse(test::slurp(tmp.sub(name)));
+  };
+  const nlohmann::json off = curve("", "off.json"), on = curve(" --attn-logn 100", "on.json");
+  EXPECT_FALSE(off.contains("attn_logn"));
+  EXPECT_EQ(on["attn_logn"], 100);
+  const auto &a = off["curves"][0]["loss_nats"], &b = on["curves"][0]["loss_nats"];
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(a[0].get<double>(), b[0].get<double>());
+  EXPECT_NE(a[2].get<double>(), b[2].get<double>());
+}
+
 TEST(CliEvalLong, BadOptionsNameThemselves) {
   for (const auto& [args, what] : std::vector<std::pair<std::string, std::string>>{
            {"--task needle", "--task"},
            {"--task passkey --lengths 1X", "--lengths"},
            {"--task passkey --depths 2", "--depths"},
+           {"--task passkey --attn-logn 1", "--attn-logn"},
+           {"--task passkey --attn-logn -5", "--attn-logn"},
            {"--task vartrack --lengths 30", "cannot hold"}}) {
     const test::RunResult r = test::run_k3cpp("eval " + kModel + " " + args);
     EXPECT_NE(r.rc, 0) << args;

@@ -135,3 +135,58 @@ TEST(MLAMixer, OutputGateIsApplied) {
   test::expect_close(y2.data(), y1.data(), f.T * f.dims.d, 1e-5, 1e-4, "ungated: absorbed vs expanded");
   EXPECT_GT(test::rel_rms(y1.data(), f.out.data.data(), f.T * f.dims.d), 0.1);
 }
+
+// Log-length attention scaling (MLADims::logn_base, an eval option, not K3): off within the
+// base, the query of position p scaled by ln(p + 1) / ln(base) past it, the same in the
+// expanded prefill and the absorbed decode, refused by a training forward.
+TEST(MLAMixer, LognScalingScalesTheQueriesPastItsBase) {
+  MLAFixture f;
+  const int64_t d = f.dims.d, T = f.T;
+  ASSERT_GE(T, 4);
+  MLAScratch s;
+  auto forward = [&](const MLADims& dm, MLAWeights w) {
+    MLACache c;
+    std::vector<float> y(T * d);
+    mla_mixer_forward(y.data(), c, f.x.data.data(), w, dm, T, s);
+    return y;
+  };
+  const std::vector<float> off = forward(f.dims, f.weights());
+  MLADims within = f.dims;
+  within.logn_base = T;  // every p + 1 <= T: no query is scaled
+  EXPECT_EQ(forward(within, f.weights()), off);
+  EXPECT_EQ(mla_logn_factor(within, T - 1), 1.0);
+
+  MLADims on = f.dims;
+  on.logn_base = 2;
+  const std::vector<float> y = forward(on, f.weights());
+  for (int64_t i = 0; i < 2 * d; ++i) EXPECT_EQ(y[i], off[i]) << "positions 0 and 1 are within the base";
+  EXPECT_GT(test::rel_rms(y.data() + 2 * d, off.data() + 2 * d, (T - 2) * d), 1e-3);
+
+  // The last position against an independent form: logn off, q_b_proj scaled by the factor
+  // (q is linear in it), one absorbed decode step after a plain prefill of the rest.
+  const double fac = mla_logn_factor(on, T - 1);
+  EXPECT_NEAR(fac, std::log(double(T)) / std::log(2.0), 1e-15);
+  std::vector<float> qb = f.qb.data;
+  for (float& v : qb) v = float(double(v) * fac);
+  MLAWeights wq = f.weights();
+  wq.q_b_proj = qb.data();
+  MLACache c;
+  std::vector<float> head((T - 1) * d), last(d);
+  mla_mixer_forward(head.data(), c, f.x.data.data(), f.weights(), f.dims, T - 1, s);
+  mla_mixer_decode(last.data(), c, f.x.data.data() + (T - 1) * d, wq, f.dims, 1, s);
+  test::expect_close(y.data() + (T - 1) * d, last.data(), d, 1e-5, 1e-5, "logn at the last position");
+
+  // Prefill 3 with logn then absorbed decode steps with logn: the one-shot forward's output.
+  MLACache c2;
+  std::vector<float> got(T * d);
+  mla_mixer_forward(got.data(), c2, f.x.data.data(), f.weights(), on, 3, s);
+  for (int64_t t = 3; t < T; ++t)
+    mla_mixer_decode(got.data() + t * d, c2, f.x.data.data() + t * d, f.weights(), on, 1, s);
+  test::expect_close(got.data(), y.data(), T * d, 1e-5, 1e-5, "logn: prefill 3 + decode steps");
+
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the mixer's OpenMP threads
+  MLACache c3;
+  MLASaved saved;
+  std::vector<float> z(T * d);
+  EXPECT_DEATH(mla_mixer_forward(z.data(), c3, f.x.data.data(), f.weights(), on, T, s, &saved), "inference option");
+}
