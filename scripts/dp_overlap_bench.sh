@@ -2,11 +2,12 @@
 # The exposed gradient reduction with and without --dp-overlap (docs/distributed.md, "Gradient
 # reduction overlapped with the backward"): 2 ranks x 1 thread train configs/demo-896.json
 # (steps of 8192 tokens: 4 micro-batches of 16 sequences of 128, per-head Muon, qb-hist with
-# 1000 bins, as the distributed figures there) once with --dp-overlap off and once on, from
-# the same seed and data. Prints per step the seconds of the reduction left after the last
+# 1000 bins, as the distributed figures there) with --dp-overlap off, on (16 buckets in flight,
+# the default) and on with --dp-overlap-inflight 64 (every bucket of this model), from the
+# same seed and data. Prints per step the seconds of the reduction left after the last
 # backward (metrics.jsonl seconds_grad_reduce, rank 0), the forward + backward and the step,
 # the per-collective bytes of rank 0 (comm_stats.json; they must be equal), how many buckets
-# started during the backward, and whether the two final checkpoints are identical (cmp).
+# started during the backward, and whether the final checkpoints are identical (cmp).
 # A measurement, not a test: on a shared 2-core machine the times are noisy.
 #
 # usage: scripts/dp_overlap_bench.sh [OUT]   (OUT: run directory, default runs/dp_overlap)
@@ -33,11 +34,14 @@ cat > "$OUT/run.json" <<EOF
  "seed": 7, "threads": 1, "samples": [], "sample_tokens": 0}
 EOF
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-for mode in off on; do
+for mode in off on on64; do
   rm -rf "$OUT/$mode"
-  echo "== --dp-overlap $mode" >&2
+  echo "== $mode" >&2
+  flags="--dp-overlap ${mode%64}"
+  [ "$mode" = on64 ] && flags="$flags --dp-overlap-inflight 64"
+  # shellcheck disable=SC2086
   mpirun -np 2 --oversubscribe --bind-to none "$K3" train --config "$OUT/run.json" --out "$OUT/$mode" --dp 2 \
-    --threads 1 --bucket-mb "$BUCKET_MB" --dp-overlap "$mode" --quiet 2> "$OUT/$mode.log" > /dev/null
+    --threads 1 --bucket-mb "$BUCKET_MB" $flags --quiet 2> "$OUT/$mode.log" > /dev/null
 done
 PY=python3
 [ -x /usr/bin/python3 ] && PY=/usr/bin/python3
@@ -53,22 +57,25 @@ def steps(mode):
     return rows
 def stats(mode):
     return json.load(open(f"{out}/{mode}/comm_stats.json"))["per_rank"][0]
-s = {m: steps(m) for m in ("off", "on")}
-print("step | reduce after backward off / on (s) | forward+backward off / on (s) | step off / on (s) | loss equal")
-for a, b in zip(s["off"], s["on"]):
-    print(f"{a['step']} | {a['seconds_grad_reduce']:.3f} / {b['seconds_grad_reduce']:.3f} | "
-          f"{a['seconds_fwd_bwd']:.2f} / {b['seconds_fwd_bwd']:.2f} | {a['seconds']:.2f} / {b['seconds']:.2f} | "
-          f"{a['loss'] == b['loss']}")
-c = {m: stats(m) for m in ("off", "on")}
-print("collective (rank 0) | bytes off | bytes on | calls off | calls on")
-for label in sorted(set(c["off"]) | set(c["on"])):
+M = ("off", "on", "on64")
+s = {m: steps(m) for m in M}
+print("step | reduce after backward off / on / on64 (s) | forward+backward (s) | step (s) | losses equal")
+for a, b, e in zip(*(s[m] for m in M)):
+    f = lambda k, p: " / ".join(f"{r[k]:.{p}f}" for r in (a, b, e))
+    print(f"{a['step']} | {f('seconds_grad_reduce', 3)} | {f('seconds_fwd_bwd', 2)} | {f('seconds', 2)} | "
+          f"{a['loss'] == b['loss'] == e['loss']}")
+c = {m: stats(m) for m in M}
+print("collective (rank 0) | bytes off / on / on64 | calls off / on / on64")
+for label in sorted(set().union(*(c[m] for m in M))):
     if label == "grad.reduce.overlap":
         continue
-    x, y = c["off"].get(label, {}), c["on"].get(label, {})
-    print(f"{label} | {x.get('bytes_sent')} | {y.get('bytes_sent')} | {x.get('calls')} | {y.get('calls')}")
-print("overlap (rank 0):", json.dumps(c["on"].get("grad.reduce.overlap")))
+    v = [c[m].get(label, {}) for m in M]
+    print(f"{label} | {' / '.join(str(x.get('bytes_sent')) for x in v)} | {' / '.join(str(x.get('calls')) for x in v)}")
+for m in ("on", "on64"):
+    print(f"overlap {m} (rank 0):", json.dumps(c[m].get("grad.reduce.overlap")))
 EOF
-if cmp -s "$OUT/off/checkpoint/model.safetensors" "$OUT/on/checkpoint/model.safetensors"; then
+if cmp -s "$OUT/off/checkpoint/model.safetensors" "$OUT/on/checkpoint/model.safetensors" &&
+   cmp -s "$OUT/off/checkpoint/model.safetensors" "$OUT/on64/checkpoint/model.safetensors"; then
   echo "final checkpoints: identical"
 else
   echo "final checkpoints: DIFFERENT"

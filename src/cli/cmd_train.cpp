@@ -68,6 +68,8 @@ const char* kUsage =
     "  --dp-overlap    on (default): each bucket's reduction starts during the step's last backward, as\n"
     "             soon as the backward has finished it (one thread per rank, or one sequence per\n"
     "             micro-batch; not with --ep); off: after the backward. The same bits either way\n"
+    "  --dp-overlap-inflight  buckets of an overlapped reduction in flight at once (default 16; their\n"
+    "             receive buffers take that many --bucket-mb)\n"
     "  --ep       expert-parallel ranks per group: each owns, computes and steps 1/E of every MoE layer's\n"
     "             routed experts, the tokens travel to the owners and back (all-to-all); with --ep, --dp\n"
     "             is the number of groups (default 1) and the job has D x E ranks; MPI only; a rank holds\n"
@@ -198,7 +200,7 @@ int run_training(const std::string& config, TrainOptions opt, bool root, dist::C
 int cmd_train(const std::vector<std::string>& args) {
   Args a(args,
          {"config", "out", "steps", "threads", "dp", "ep", "zero", "backend", "comm-timeout", "bucket-mb", "ep-accumulate",
-          "dp-overlap"},
+          "dp-overlap", "dp-overlap-inflight"},
          {"resume", "quiet", "help"}, "train");
   if (a.flag("help")) {
     std::fputs(kUsage, stdout);
@@ -241,10 +243,14 @@ int cmd_train(const std::vector<std::string>& args) {
            std::to_string(ranks));
   }
   if (!a.get("dp") && !a.get("ep") &&
-      (a.get("zero") || a.get("backend") || a.get("comm-timeout") || a.get("bucket-mb") || a.get("dp-overlap")))
+      (a.get("zero") || a.get("backend") || a.get("comm-timeout") || a.get("bucket-mb") || a.get("dp-overlap") ||
+       a.get("dp-overlap-inflight")))
     fail("--zero, --backend, --comm-timeout, --bucket-mb and --dp-overlap go with --dp (see k3cpp train --help)");
   const std::string overlap = a.get_or("dp-overlap", "on");
   if (overlap != "on" && overlap != "off") fail("--dp-overlap: expected on or off, got '" + overlap + "'");
+  const long long inflight = a.get_int("dp-overlap-inflight", 16);
+  if (inflight < 1 || inflight > 4096)
+    fail("--dp-overlap-inflight: expected a bucket count in [1, 4096], got " + std::to_string(inflight));
   if (ep > 0 && a.get("dp-overlap") && overlap == "on")
     fail("--dp-overlap on: expert parallelism (--ep) reduces its gradients after the backward (docs/distributed.md)");
   const long long zero = a.get_int("zero", 1);
@@ -260,7 +266,7 @@ int cmd_train(const std::vector<std::string>& args) {
   if (!(bucket_mb > 0) || bucket_mb > 1024) fail("--bucket-mb: expected a size in (0, 1024] MiB");
   if (rt) {
     comm = dist::make_comm(a.get_or("backend", "mpi"), timeout);
-    group = std::make_unique<dist::CommDataParallel>(*comm, int64_t(bucket_mb * 1048576.0));
+    group = std::make_unique<dist::CommDataParallel>(*comm, int64_t(bucket_mb * 1048576.0), 2, int(inflight));
     opt.dp = group.get();
     opt.shard_optimizer = zero == 1;
     opt.dp_overlap = overlap == "on";
