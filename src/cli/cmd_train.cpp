@@ -49,6 +49,7 @@ namespace {
 const char* kUsage =
     "usage: k3cpp train --config run.json --out DIR [--resume] [--steps N] [--threads N] [--quiet]\n"
     "       mpirun -np N k3cpp train ... --dp N [--zero 0|1] [--backend mpi|nccl] [--comm-timeout S]\n"
+    "             [--bucket-mb M] [--dp-overlap on|off] [--dp-overlap-inflight B]\n"
     "       mpirun -np N k3cpp train ... --ep E [--dp D]      (N = D x E)\n"
     "  --config   the run file: model config, data, batch, stages, optimiser, balancer, logging\n"
     "  --out      output directory: metrics.jsonl, tokenizer/ (the vocabulary the run learns)\n"
@@ -245,7 +246,8 @@ int cmd_train(const std::vector<std::string>& args) {
   if (!a.get("dp") && !a.get("ep") &&
       (a.get("zero") || a.get("backend") || a.get("comm-timeout") || a.get("bucket-mb") || a.get("dp-overlap") ||
        a.get("dp-overlap-inflight")))
-    fail("--zero, --backend, --comm-timeout, --bucket-mb and --dp-overlap go with --dp (see k3cpp train --help)");
+    fail("--zero, --backend, --comm-timeout, --bucket-mb, --dp-overlap and --dp-overlap-inflight go with --dp (see "
+         "k3cpp train --help)");
   const std::string overlap = a.get_or("dp-overlap", "on");
   if (overlap != "on" && overlap != "off") fail("--dp-overlap: expected on or off, got '" + overlap + "'");
   const long long inflight = a.get_int("dp-overlap-inflight", 16);

@@ -200,7 +200,7 @@ TEST(DistJobs, RefusesAMismatchedRankCount) {
   // --dp-overlap: only with --dp, and only on or off.
   Job lone = sh(train_args(t.path, t.sub("c")) + " --dp-overlap off");
   EXPECT_EQ(lone.rc, 1) << lone.out;
-  EXPECT_NE(lone.out.find("--bucket-mb and --dp-overlap go with --dp"), std::string::npos) << lone.out;
+  EXPECT_NE(lone.out.find("--dp-overlap and --dp-overlap-inflight go with --dp"), std::string::npos) << lone.out;
   Job odd = sh(mpirun(2) + " " + train_args(t.path, t.sub("d")) + " --dp 2 --dp-overlap maybe");
   EXPECT_NE(odd.rc, 0) << odd.out;
   EXPECT_NE(odd.out.find("--dp-overlap: expected on or off, got 'maybe'"), std::string::npos) << odd.out;
