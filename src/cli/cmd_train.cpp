@@ -49,6 +49,7 @@ namespace {
 const char* kUsage =
     "usage: k3cpp train --config run.json --out DIR [--resume] [--steps N] [--threads N] [--quiet]\n"
     "       mpirun -np N k3cpp train ... --dp N [--zero 0|1] [--backend mpi|nccl] [--comm-timeout S]\n"
+    "             [--bucket-mb M] [--dp-overlap on|off] [--dp-overlap-inflight B]\n"
     "       mpirun -np N k3cpp train ... --ep E [--dp D]      (N = D x E)\n"
     "  --config   the run file: model config, data, batch, stages, optimiser, balancer, logging\n"
     "  --out      output directory: metrics.jsonl, tokenizer/ (the vocabulary the run learns)\n"
@@ -65,6 +66,11 @@ const char* kUsage =
     "  --comm-timeout  seconds a collective may wait for the other ranks before the job is aborted\n"
     "             (default 600)\n"
     "  --bucket-mb     gradient reduction bucket in MiB (default 4)\n"
+    "  --dp-overlap    on (default): each bucket's reduction starts during the step's last backward, as\n"
+    "             soon as the backward has finished it (one thread per rank, or one sequence per\n"
+    "             micro-batch; not with --ep); off: after the backward. The same bits either way\n"
+    "  --dp-overlap-inflight  buckets of an overlapped reduction in flight at once (default 16; their\n"
+    "             receive buffers take that many --bucket-mb)\n"
     "  --ep       expert-parallel ranks per group: each owns, computes and steps 1/E of every MoE layer's\n"
     "             routed experts, the tokens travel to the owners and back (all-to-all); with --ep, --dp\n"
     "             is the number of groups (default 1) and the job has D x E ranks; MPI only; a rank holds\n"
@@ -102,7 +108,7 @@ std::string sample_text(const K3Model& model, const Vocabulary& tok, const std::
 
 // Every rank's per-collective counts (dist/comm.h) gathered into DIR/comm_stats.json by rank 0:
 // {"backend", "ranks", "per_rank": [{label: {"calls", "bytes_sent"}}]}, and one line per label.
-void write_comm_stats(DataParallel& dp, dist::Comm& comm, const std::string& out_dir, bool root,
+void write_comm_stats(dist::CommDataParallel& dp, dist::Comm& comm, const std::string& out_dir, bool root,
                       const dist::CommExpertTraining* ep) {
   std::map<std::string, dist::CollectiveStats> st_all = comm.stats();
   if (ep)
@@ -110,6 +116,10 @@ void write_comm_stats(DataParallel& dp, dist::Comm& comm, const std::string& out
   nlohmann::json mine = nlohmann::json::object();
   for (const auto& [label, st] : st_all) mine[label] = {{"calls", st.calls}, {"bytes_sent", st.bytes_sent}};
   if (ep) mine["ep.fwd.rows_sent"] = {{"rows", ep->rows_sent()}};
+  // --dp-overlap: the gradient buckets of the overlapped reductions, and those started while
+  // the backward was still running (their bytes are counted under grad.reduce.reduce_scatter).
+  if (dp.overlap_buckets() > 0)
+    mine["grad.reduce.overlap"] = {{"buckets", dp.overlap_buckets()}, {"started_in_backward", dp.overlap_buckets_early()}};
   const std::string text = mine.dump();
   std::vector<size_t> counts;
   const std::vector<char> all = dp.allgatherv(text.data(), text.size(), "comm_stats.gather", &counts);
@@ -146,7 +156,12 @@ int run_training(const std::string& config, TrainOptions opt, bool root, dist::C
                  "(mpirun -x OMP_WAIT_POLICY=passive ...), else spinning threads starve the other ranks\n");
   Trainer trainer(run, opt);
   const TrainResult r = trainer.run();
-  if (comm) write_comm_stats(*opt.dp, *comm, opt.out_dir, root, ep);
+  // cmd_train's group is always a CommDataParallel over `comm`.
+  auto* group = comm ? static_cast<dist::CommDataParallel*>(opt.dp) : nullptr;
+  if (group) write_comm_stats(*group, *comm, opt.out_dir, root, ep);
+  if (group && !opt.quiet && group->overlap_buckets() > 0)
+    std::fprintf(stderr, "train: rank %d: %lld of %lld gradient buckets started their reduction during the backward\n",
+                 group->rank(), (long long)group->overlap_buckets_early(), (long long)group->overlap_buckets());
   if (ep && !opt.quiet) {  // this rank's token dispatch, measured against the routing's count
     const auto st = ep->stats();
     const auto at = st.find("ep.fwd.dispatch");
@@ -184,7 +199,9 @@ int run_training(const std::string& config, TrainOptions opt, bool root, dist::C
 }
 
 int cmd_train(const std::vector<std::string>& args) {
-  Args a(args, {"config", "out", "steps", "threads", "dp", "ep", "zero", "backend", "comm-timeout", "bucket-mb", "ep-accumulate"},
+  Args a(args,
+         {"config", "out", "steps", "threads", "dp", "ep", "zero", "backend", "comm-timeout", "bucket-mb", "ep-accumulate",
+          "dp-overlap", "dp-overlap-inflight"},
          {"resume", "quiet", "help"}, "train");
   if (a.flag("help")) {
     std::fputs(kUsage, stdout);
@@ -226,8 +243,18 @@ int cmd_train(const std::vector<std::string>& args) {
            " but the job has " + std::to_string(rt->size()) + " MPI rank(s): start it with mpirun -np " +
            std::to_string(ranks));
   }
-  if (!a.get("dp") && !a.get("ep") && (a.get("zero") || a.get("backend") || a.get("comm-timeout") || a.get("bucket-mb")))
-    fail("--zero, --backend, --comm-timeout and --bucket-mb go with --dp (see k3cpp train --help)");
+  if (!a.get("dp") && !a.get("ep") &&
+      (a.get("zero") || a.get("backend") || a.get("comm-timeout") || a.get("bucket-mb") || a.get("dp-overlap") ||
+       a.get("dp-overlap-inflight")))
+    fail("--zero, --backend, --comm-timeout, --bucket-mb, --dp-overlap and --dp-overlap-inflight go with --dp (see "
+         "k3cpp train --help)");
+  const std::string overlap = a.get_or("dp-overlap", "on");
+  if (overlap != "on" && overlap != "off") fail("--dp-overlap: expected on or off, got '" + overlap + "'");
+  const long long inflight = a.get_int("dp-overlap-inflight", 16);
+  if (inflight < 1 || inflight > 4096)
+    fail("--dp-overlap-inflight: expected a bucket count in [1, 4096], got " + std::to_string(inflight));
+  if (ep > 0 && a.get("dp-overlap") && overlap == "on")
+    fail("--dp-overlap on: expert parallelism (--ep) reduces its gradients after the backward (docs/distributed.md)");
   const long long zero = a.get_int("zero", 1);
   if (zero != 0 && zero != 1) fail("--zero: expected 0 or 1, got " + std::to_string(zero));
   if (ep > 0 && a.get_or("backend", "mpi") != "mpi") fail("--ep: expert parallelism runs over MPI only (--backend mpi)");
@@ -241,9 +268,10 @@ int cmd_train(const std::vector<std::string>& args) {
   if (!(bucket_mb > 0) || bucket_mb > 1024) fail("--bucket-mb: expected a size in (0, 1024] MiB");
   if (rt) {
     comm = dist::make_comm(a.get_or("backend", "mpi"), timeout);
-    group = std::make_unique<dist::CommDataParallel>(*comm, int64_t(bucket_mb * 1048576.0));
+    group = std::make_unique<dist::CommDataParallel>(*comm, int64_t(bucket_mb * 1048576.0), 2, int(inflight));
     opt.dp = group.get();
     opt.shard_optimizer = zero == 1;
+    opt.dp_overlap = overlap == "on";
     if (ep > 0) {
       experts = std::make_unique<dist::CommExpertTraining>(static_cast<const dist::MpiComm&>(*comm), int(ep),
                                                            accumulate == "per-source");

@@ -52,6 +52,9 @@ class Comm {
   virtual RequestPtr ialltoallv(const void* send, const int64_t* scounts, const int64_t* sdispls, void* recv,
                                 const int64_t* rcounts, const int64_t* rdispls, const std::string& label) = 0;
   virtual void wait(RequestPtr& r) = 0;
+  // Whether r has completed (then r is released); never waits (a transport error still aborts
+  // the job). Polling it is what moves a non-blocking exchange on while the caller computes.
+  virtual bool test(RequestPtr& r) = 0;
   // recv gets every rank's block: rank q's counts[q] bytes at displs[q]; this rank's comes from
   // send (counts[rank()] bytes; send == recv + displs[rank()] is allowed: in place).
   virtual void allgatherv(const void* send, void* recv, const int64_t* counts, const int64_t* displs,

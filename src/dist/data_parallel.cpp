@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <deque>
 
 #include "core/error.h"
+#include "dist/ordered_reduction.h"
 #include "dist/runtime.h"
 
 namespace k3::dist {
@@ -16,58 +16,52 @@ std::vector<int64_t> even_bounds(int64_t n, int parts) {
   return b;
 }
 
-CommDataParallel::CommDataParallel(Comm& comm, int64_t bucket_bytes, int inflight)
-    : comm_(comm), bucket_bytes_(std::max<int64_t>(bucket_bytes, 64)), inflight_(std::max(1, inflight)) {}
+CommDataParallel::CommDataParallel(Comm& comm, int64_t bucket_bytes, int inflight, int overlap_inflight)
+    : comm_(comm), bucket_bytes_(std::max<int64_t>(bucket_bytes, 64)), inflight_(std::max(1, inflight)),
+      overlap_inflight_(std::max(1, overlap_inflight)) {}
 
 template <typename T>
 void CommDataParallel::reduce_scatter_ordered(T* g, int64_t n, const std::vector<int64_t>& bounds,
                                               const std::string& label) {
-  const int N = size(), me = rank();
-  K3_ASSERT(int(bounds.size()) == N + 1 && bounds[0] == 0 && bounds[size_t(N)] == n, label + ": bounds");
-  if (N == 1) return;
-  const int64_t B = std::max<int64_t>(1, bucket_bytes_ / int64_t(sizeof(T)));
-  struct Slot {
-    int64_t m0 = 0, m1 = 0;  // this rank's owned part of the bucket
-    std::vector<T> recv;     // [N, m1 - m0]: every rank's values there, in rank order
-    Comm::RequestPtr req;
-  };
-  std::deque<Slot> pending;
-  const size_t nr = static_cast<size_t>(N);
-  std::vector<int64_t> sc(nr), sd(nr), rc(nr), rd(nr);
-  auto finish = [&](Slot& s) {
-    comm_.wait(s.req);
-    const int64_t m = s.m1 - s.m0;
-    T* out = g + s.m0;
-    const T* r0 = s.recv.data();
-    for (int64_t i = 0; i < m; ++i) {
-      T a = r0[i];
-      for (int q = 1; q < N; ++q) a += r0[size_t(q) * size_t(m) + size_t(i)];
-      out[i] = a;
-    }
-  };
-  for (int64_t b0 = 0; b0 < n; b0 += B) {
-    const int64_t b1 = std::min(n, b0 + B);
-    for (int p = 0; p < N; ++p) {
-      const int64_t lo = std::clamp(bounds[size_t(p)], b0, b1), hi = std::clamp(bounds[size_t(p) + 1], b0, b1);
-      sc[size_t(p)] = (hi - lo) * int64_t(sizeof(T));
-      sd[size_t(p)] = (lo - b0) * int64_t(sizeof(T));
-    }
-    Slot s;
-    s.m0 = std::clamp(bounds[size_t(me)], b0, b1), s.m1 = std::clamp(bounds[size_t(me) + 1], b0, b1);
-    const int64_t m = s.m1 - s.m0;
-    s.recv.resize(size_t(N * m));
-    for (int q = 0; q < N; ++q) rc[size_t(q)] = m * int64_t(sizeof(T)), rd[size_t(q)] = q * m * int64_t(sizeof(T));
-    s.req = comm_.ialltoallv(g + b0, sc.data(), sd.data(), s.recv.data(), rc.data(), rd.data(), label);
-    pending.push_back(std::move(s));
-    if (int(pending.size()) >= inflight_) {
-      finish(pending.front());
-      pending.pop_front();
-    }
+  BucketedReduceScatter<T> rs(comm_, g, n, bounds, bucket_bytes_ / int64_t(sizeof(T)), inflight_, label);
+  rs.finish();
+}
+
+namespace {
+
+// begin_reduce_sum_ordered's reduction: the reduce-scatter fed ranges, then the all-gather.
+class CommOrderedReduction : public OrderedReduction {
+ public:
+  CommOrderedReduction(CommDataParallel& dp, float* g, int64_t n, const std::vector<int64_t>& bounds, bool all,
+                       const std::string& label, int inflight)
+      : dp_(dp), g_(g), bounds_(bounds), all_(all), label_(label),
+        rs_(dp.comm(), g, n, bounds, dp.bucket_bytes() / int64_t(sizeof(float)), inflight, label + ".reduce_scatter") {}
+  void ready(int64_t lo, int64_t hi) override { rs_.ready(lo, hi); }
+  void poll() override { rs_.poll(); }
+  void finish() override {
+    if (done_) return;
+    done_ = true;
+    rs_.finish();
+    dp_.note_overlap(rs_.buckets(), rs_.posted_before_finish());
+    if (all_) dp_.allgather_ranges_t(g_, bounds_, label_ + ".allgather");
   }
-  while (!pending.empty()) {
-    finish(pending.front());
-    pending.pop_front();
-  }
+
+ private:
+  CommDataParallel& dp_;
+  float* g_;
+  std::vector<int64_t> bounds_;
+  bool all_, done_ = false;
+  std::string label_;
+  BucketedReduceScatter<float> rs_;
+};
+
+}  // namespace
+
+std::unique_ptr<OrderedReduction> CommDataParallel::begin_reduce_sum_ordered(float* g, int64_t n,
+                                                                             const std::vector<int64_t>& bounds,
+                                                                             bool all, const char* label) {
+  maybe_inject_fault(rank(), label);
+  return std::make_unique<CommOrderedReduction>(*this, g, n, bounds, all, label, std::max(inflight_, overlap_inflight_));
 }
 
 template <typename T>

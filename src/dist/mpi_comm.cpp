@@ -110,6 +110,14 @@ void MpiComm::wait(RequestPtr& r) {
   r.reset();
 }
 
+bool MpiComm::test(RequestPtr& r) {
+  auto* m = static_cast<MpiRequest*>(r.get());
+  int done = 0;
+  check(MPI_Test(&m->req, &done, MPI_STATUS_IGNORE), m->label);
+  if (done) r.reset();
+  return done != 0;
+}
+
 void MpiComm::allgatherv(const void* send, void* recv, const int64_t* counts, const int64_t* displs,
                          const std::string& label) {
   const size_t nr = static_cast<size_t>(size_);

@@ -163,6 +163,7 @@ K3ModelT<R>::K3ModelT(WeightStore weights) : store_(std::move(weights)), dims_(m
     }
   K3_ASSERT((std::is_same_v<R, float> || !store_.layout().any_streamed()), "K3ModelT<double> needs every weight held");
   head_block_rows_ = lm_head_block_rows(store_.config());
+  sections_ = store_.layout().layer_sections(dims_.L);
   if constexpr (std::is_same_v<R, float>) {
     params_ = store_.data();
     layers_.reserve(size_t(dims_.L));

@@ -107,6 +107,14 @@ LayerWeights bind_layer_weights(const K3Config& c, int64_t layer, const std::fun
 template <typename R>
 LayerWeightsT<R> layer_views(const ParamLayout& lay, const K3Config& c, const R* base, int64_t layer);
 
+// Told by a backward, as it goes, each range [lo, hi) of the gradient buffer (element offsets)
+// that this call has finished adding into: nothing in it changes again before the call
+// returns. One call reports the sections of ParamLayout::layer_sections in the backward's
+// order: the output head's, the layers' from the last to the first, the embedding's last, so
+// the ranges are disjoint and cover the whole buffer. Data parallelism starts the gradient
+// reduction of a range here (train/trainer.cpp). Called on the backward's own thread.
+using GradRangeDone = std::function<void(int64_t lo, int64_t hi)>;
+
 // Rows of the lm_head per logits block: about 32 MB of bf16 rows, a multiple of the bf16
 // product's panel (kernels/gemm.h bf16_panel_rows, so a held bf16 lm_head makes the same
 // sgemm calls as unblocked), at most V (a small model: one block, the unblocked product).
@@ -177,11 +185,12 @@ class K3ModelT {
   // of the loss w.r.t. the logits; every parameter gradient is accumulated (+=) into `grads`
   // (a buffer of weights().size() values carved by weights().layout(); Plain experts). The
   // router bias gets none. dscores_aux (optional): per layer [L] a [T, E] extra gradient of
-  // the MoE router's sigmoid scores (null entries for none). Thread-safe for distinct
+  // the MoE router's sigmoid scores (null entries for none). done (optional): told each
+  // section of grads once it is final (GradRangeDone above). Thread-safe for distinct
   // scratch, record and grads on one const model.
   void backward(R* grads, const R* dlogits, const int32_t* ids, const ForwardRecordT<R>& rec,
                 BackwardScratchT<R>& s, LayerScratchT<R>& ls, const R* const* dscores_aux = nullptr,
-                const EmbedSpliceT<R>* splice = nullptr) const;
+                const EmbedSpliceT<R>* splice = nullptr, const GradRangeDone* done = nullptr) const;
 
  private:
   WeightStore store_;
@@ -200,6 +209,7 @@ class K3ModelT {
   bool trunk_streamed_ = false;               // the store holds no layer matrices (needs trunk_)
   bool head_streamed_ = false;                // the store holds no embedding / lm_head (needs head_)
   int64_t head_block_rows_ = 0;
+  std::vector<int64_t> sections_;  // ParamLayout::layer_sections (the backward's progress reports)
   void embed(R* dst, const int32_t* ids, int64_t T) const;        // rows of the embedding
   void lm_head(R* logits, const R* h, int64_t rows) const;         // logits [rows, V] = h lm_head^T, by blocks
   // The views of layer i for this call: the model's own, or the trunk provider's (acquired,

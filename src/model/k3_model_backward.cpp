@@ -25,11 +25,18 @@ void grow(V& v, int64_t n) {
 template <typename R>
 void K3ModelT<R>::backward(R* grads, const R* dlogits, const int32_t* ids, const ForwardRecordT<R>& rec,
                            BackwardScratchT<R>& s, LayerScratchT<R>& ls, const R* const* dscores_aux,
-                           const EmbedSpliceT<R>* splice) const {
+                           const EmbedSpliceT<R>* splice, const GradRangeDone* done) const {
   const int64_t T = rec.T, d = dims_.d, V = dims_.V, L = dims_.L;
   K3_ASSERT(!rec.last_only && int64_t(rec.layers.size()) == L, "K3Model::backward: record of a full training forward needed");
   K3_ASSERT(store_.expert_storage() == ExpertStorage::Plain, "K3Model::backward: MXFP4 experts cannot train");
-  if (T <= 0) return;
+  // Section k of the layout is final (k = 0 the embedding, i + 1 layer i, L + 1 the head).
+  auto final_section = [&](int64_t k) {
+    if (done && sections_[size_t(k)] < sections_[size_t(k + 1)]) (*done)(sections_[size_t(k)], sections_[size_t(k + 1)]);
+  };
+  if (T <= 0) {
+    for (int64_t k = L + 1; k >= 0; --k) final_section(k);
+    return;
+  }
   // Gradient views: each weight pointer moved from params_ to grads (same layout).
   auto gv = [&](const R* p) { return grads + (p - params_); };
   s.grads.resize(size_t(L));
@@ -60,10 +67,13 @@ void K3ModelT<R>::backward(R* grads, const R* dlogits, const int32_t* ids, const
     attn_res_backward<R>(s.dsrc.data(), gv(final_res_norm_), gv(final_res_proj_), s.dh_out.data(),
                          rec.alpha_out.data(), s.src.data(), nb + 1, final_res_norm_, final_res_proj_, T, d, dims_.eps);
   }
+  final_section(L + 1);  // the output read, final norm and lm_head (tied: the embedding waits)
   // The layers in reverse; each turns the state gradient after it into the one before it.
-  for (int64_t i = L - 1; i >= 0; --i)
+  for (int64_t i = L - 1; i >= 0; --i) {
     decoder_layer_backward<R>(bg, rec.layers[size_t(i)], rec.blocks.data(), layers_[size_t(i)], s.grads[size_t(i)],
                               dims_, i, ls, dscores_aux ? dscores_aux[i] : nullptr);
+    final_section(i + 1);
+  }
   K3_ASSERT(bg.n == 0, "K3Model::backward: blocks left after layer 0");
   // partial before layer 0 = embedding rows: scatter-add (tokens in order: deterministic).
   R* gE = gv(embed_);
@@ -79,12 +89,14 @@ void K3ModelT<R>::backward(R* grads, const R* dlogits, const int32_t* ids, const
     R* row = gE + int64_t(ids[t]) * d;
     for (int64_t c = 0; c < d; ++c) row[c] += dp[t * d + c];
   }
+  final_section(0);
 }
 
 template void K3ModelT<float>::backward(float*, const float*, const int32_t*, const ForwardRecordT<float>&,
-                                        BackwardScratchT<float>&, LayerScratchT<float>&, const float* const*, const EmbedSpliceT<float>*) const;
+                                        BackwardScratchT<float>&, LayerScratchT<float>&, const float* const*, const EmbedSpliceT<float>*,
+                                        const GradRangeDone*) const;
 template void K3ModelT<double>::backward(double*, const double*, const int32_t*, const ForwardRecordT<double>&,
                                          BackwardScratchT<double>&, LayerScratchT<double>&,
-                                         const double* const*, const EmbedSpliceT<double>*) const;
+                                         const double* const*, const EmbedSpliceT<double>*, const GradRangeDone*) const;
 
 }  // namespace k3

@@ -53,6 +53,27 @@ ParamLayout::ParamLayout(const K3Config& cfg, ExpertStorage experts, const std::
   total_ = off;
 }
 
+std::vector<int64_t> ParamLayout::layer_sections(int64_t L) const {
+  // A section starts at its first tensor in the buffer; an empty one where the next starts.
+  std::vector<int64_t> s(size_t(L + 3), -1);
+  s[0] = 0, s[size_t(L + 2)] = total_;
+  bool after_layers = false, in_tail = false;
+  int64_t last = -1;
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const int64_t layer = specs_[i].layer;
+    K3_ASSERT(layer < L && (layer < 0 || (layer >= last && !in_tail)),
+              "ParamLayout::layer_sections: the table is not in layer order at " + specs_[i].name);
+    if (layer >= 0) after_layers = true, last = layer;
+    else if (after_layers) in_tail = true;
+    const size_t sec = layer >= 0 ? size_t(layer + 1) : in_tail ? size_t(L + 1) : 0;
+    if (offsets_[i] >= 0 && s[sec] < 0) s[sec] = offsets_[i];
+  }
+  for (int64_t k = L + 1; k >= 1; --k)
+    if (s[size_t(k)] < 0) s[size_t(k)] = s[size_t(k + 1)];
+  for (int64_t k = 0; k <= L + 1; ++k) K3_ASSERT(s[size_t(k)] <= s[size_t(k + 1)], "ParamLayout::layer_sections: offsets");
+  return s;
+}
+
 bool ParamLayout::any_streamed() const {
   for (bool b : streamed_)
     if (b) return true;

@@ -49,6 +49,12 @@ class ParamLayout {
   ExpertStorage experts() const { return experts_; }
   int64_t find(const std::string& name) const;  // table position, -1 if K3 has no such tensor
   size_t index(const std::string& name) const;  // k3::Error naming the tensor if absent
+  // The buffer cut into L + 2 consecutive sections by the table order (L = num_layers): s[L + 3]
+  // with [s[0], s[1]) the tensors before layer 0 (the embedding), [s[i + 1], s[i + 2]) layer
+  // i's (its alignment padding included), [s[L + 1], s[L + 2]) those after the last layer (the
+  // output AttnRes read, the final norm, the lm_head); s[0] = 0, s[L + 2] = total_floats(). A
+  // section with nothing in the buffer is empty. A backward reports its progress in these.
+  std::vector<int64_t> layer_sections(int64_t num_layers) const;
 
  private:
   std::vector<ParamSpec> specs_;

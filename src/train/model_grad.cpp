@@ -137,7 +137,8 @@ int64_t scored_targets(const LossOptions& opt, int64_t T) {
 template <typename R>
 SequenceResult forward_backward_t(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, double grad_scale,
                                   R* grads, TrainScratchT<R>& s, const LossOptions& opt,
-                                  SequenceRouting* routing_out, KDAPath kda_path, const EmbedSpliceT<R>* splice) {
+                                  SequenceRouting* routing_out, KDAPath kda_path, const EmbedSpliceT<R>* splice,
+                                  const GradRangeDone* done) {
   const ModelDims& dm = model.dims();
   if (model.weights().expert_storage() != ExpertStorage::Plain)
     fail("training needs f32 routed experts, but the model holds them as MXFP4 (load the checkpoint with "
@@ -156,7 +157,7 @@ SequenceResult forward_backward_t(const K3ModelT<R>& model, const int32_t* token
     dscores = s.dscores_ptr.data();
   }
   if (routing_out) export_routing(*routing_out, model, s, T);
-  model.backward(grads, s.logits.data(), tokens, s.rec, s.bwd, s.fwd.layer, dscores, splice);
+  model.backward(grads, s.logits.data(), tokens, s.rec, s.bwd, s.fwd.layer, dscores, splice, done);
   return res;
 }
 
@@ -173,8 +174,9 @@ SequenceResult forward_loss_t(const K3ModelT<R>& model, const int32_t* tokens, i
 }
 
 SequenceResult forward_backward(const K3Model& model, const int32_t* tokens, int64_t T, double grad_scale,
-                                float* grads, TrainScratch& s, const LossOptions& opt, SequenceRouting* routing_out) {
-  return forward_backward_t<float>(model, tokens, T, grad_scale, grads, s, opt, routing_out, KDAPath::Fast);
+                                float* grads, TrainScratch& s, const LossOptions& opt, SequenceRouting* routing_out,
+                                const GradRangeDone* done) {
+  return forward_backward_t<float>(model, tokens, T, grad_scale, grads, s, opt, routing_out, KDAPath::Fast, nullptr, done);
 }
 
 double eval_loss_sum(const K3Model& model, const int32_t* tokens, int64_t T, TrainScratch& s) {
@@ -185,10 +187,11 @@ std::unique_ptr<TrainScratch> make_train_scratch() { return std::make_unique<Tra
 
 template SequenceResult forward_backward_t<float>(const K3ModelT<float>&, const int32_t*, int64_t, double, float*,
                                                   TrainScratchT<float>&, const LossOptions&, SequenceRouting*,
-                                                  KDAPath, const EmbedSpliceT<float>*);
+                                                  KDAPath, const EmbedSpliceT<float>*, const GradRangeDone*);
 template SequenceResult forward_backward_t<double>(const K3ModelT<double>&, const int32_t*, int64_t, double,
                                                    double*, TrainScratchT<double>&, const LossOptions&,
-                                                   SequenceRouting*, KDAPath, const EmbedSpliceT<double>*);
+                                                   SequenceRouting*, KDAPath, const EmbedSpliceT<double>*,
+                                                   const GradRangeDone*);
 template SequenceResult forward_loss_t<float>(const K3ModelT<float>&, const int32_t*, int64_t, TrainScratchT<float>&,
                                               const LossOptions&, KDAPath, const EmbedSpliceT<float>*);
 template SequenceResult forward_loss_t<double>(const K3ModelT<double>&, const int32_t*, int64_t,

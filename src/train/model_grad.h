@@ -70,8 +70,11 @@ struct TrainScratch : TrainScratchT<float> {};
 // so the caller can feed a Balancer in a deterministic order after a parallel loop.
 // A token id outside [0, V) is a k3::Error naming its position; so is a model whose routed
 // experts are MXFP4 (load checkpoints for training with LoadOptions::dequantize_experts).
+// done (optional): told by the backward each range of `grads` it has finished (k3_model.h
+// GradRangeDone): data parallelism reduces a range while the backward goes on.
 SequenceResult forward_backward(const K3Model& model, const int32_t* tokens, int64_t T, double grad_scale,
-                                float* grads, TrainScratch& s, const LossOptions& opt, SequenceRouting* routing_out);
+                                float* grads, TrainScratch& s, const LossOptions& opt, SequenceRouting* routing_out,
+                                const GradRangeDone* done = nullptr);
 // Held-out loss of one sequence (no gradient): summed cross-entropy over T targets (nats).
 double eval_loss_sum(const K3Model& model, const int32_t* tokens, int64_t T, TrainScratch& s);
 std::unique_ptr<TrainScratch> make_train_scratch();
@@ -85,7 +88,7 @@ template <typename R>
 SequenceResult forward_backward_t(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, double grad_scale,
                                   R* grads, TrainScratchT<R>& s, const LossOptions& opt,
                                   SequenceRouting* routing_out = nullptr, KDAPath kda_path = KDAPath::Fast,
-                                  const EmbedSpliceT<R>* splice = nullptr);
+                                  const EmbedSpliceT<R>* splice = nullptr, const GradRangeDone* done = nullptr);
 // loss_sum and (when opt.aux_alpha > 0) aux_loss of one sequence, no gradient: the function
 // forward_backward_t differentiates (finite-difference checks).
 template <typename R>

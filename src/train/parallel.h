@@ -12,6 +12,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,24 @@
 namespace k3 {
 
 class ExpertTrainExchange;  // kernels/moe_exchange.h
+
+// A reduce_sum_ordered begun while the gradient is still being computed
+// (DataParallel::begin_reduce_sum_ordered): the reduction of each part starts as soon as the
+// caller says that part is final, and the result is reduce_sum_ordered's, bit for bit.
+// Collective: every rank makes the same ready() calls in the same order (the backward's, the
+// same on every rank) and no other DataParallel call until finish() (the transport matches
+// collectives by the order in which they are started).
+class OrderedReduction {
+ public:
+  virtual ~OrderedReduction() = default;
+  // g[lo, hi) holds this rank's final values (disjoint ranges; each element at most once).
+  virtual void ready(int64_t lo, int64_t hi) = 0;
+  // Lets the exchanges in flight progress and sums those that have arrived; never waits.
+  virtual void poll() = 0;
+  // Every part not yet reported is taken as final; returns once g holds what
+  // reduce_sum_ordered would have left there.
+  virtual void finish() = 0;
+};
 
 class DataParallel {
  public:
@@ -34,6 +53,11 @@ class DataParallel {
   // unspecified (ZeRO-1: each rank steps only what it owns).
   virtual void reduce_sum_ordered(float* g, int64_t n, const std::vector<int64_t>& bounds, bool all,
                                   const char* label) = 0;
+  // The same reduction, progressive (OrderedReduction above): g must stay valid, and its
+  // reported ranges unwritten, until finish() returns.
+  virtual std::unique_ptr<OrderedReduction> begin_reduce_sum_ordered(float* g, int64_t n,
+                                                                     const std::vector<int64_t>& bounds, bool all,
+                                                                     const char* label) = 0;
   // x[0, n): each rank's range [bounds[r], bounds[r + 1]) goes from its owner to every rank.
   virtual void allgather_ranges(float* x, const std::vector<int64_t>& bounds, const char* label) = 0;
   // Element-wise sum of v[0, n) over the ranks (exact), on every rank.

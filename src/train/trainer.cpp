@@ -121,6 +121,9 @@ struct Trainer::Impl {
   DataParallel* dp = nullptr;
   int R = 0, NR = 1;
   bool zero = false;
+  // overlap: every rank asked for the gradient reduction overlapped with the backward
+  // (--dp-overlap, plain data parallelism); threaded_rank: some rank runs P > 1 threads.
+  bool overlap = false, threaded_rank = false;
   std::vector<size_t> owner_cut;
   std::vector<int64_t> bounds, state_off;
   int64_t n_trained = 0;  // parameters the optimiser trains (all ranks together)
@@ -211,6 +214,15 @@ void Trainer::Impl::setup() {
                      std::to_string(i) + " (seq_len " + std::to_string(run.stages[i].seq_len) +
                      "), which the " + std::to_string(NR) +
                      " data-parallel ranks cannot share equally: make it a multiple of seq_len x ranks");
+  // Overlapping the gradient reduction with the backward changes the order in which the ranks
+  // start their collectives, so every rank must take the same path; it depends on the thread
+  // count (train_step), so the ranks agree on both first.
+  if (dp && NR > 1 && !ep) {
+    const int8_t mine[2] = {int8_t(opt.dp_overlap ? 1 : 0), int8_t(P > 1 ? 1 : 0)};
+    const std::vector<int8_t> all = dp->allgatherv(mine, 2, "dp.overlap.agree");
+    overlap = true;
+    for (int r = 0; r < NR; ++r) overlap &= all[size_t(2 * r)] != 0, threaded_rank |= all[size_t(2 * r + 1)] != 0;
+  }
   make_directories(opt.out_dir);
   ckpt_dir = (fs::path(opt.out_dir) / "checkpoint").string();
   std::error_code ec;
@@ -539,6 +551,17 @@ StepStats Trainer::Impl::train_step() {
   double vloss_sum = 0, t_vis = 0;
   const int64_t total = model->weights().size();
   const bool par = P > 1 && nl > 1 && !ep;  // expert parallel: one sequence at a time (MPI from the main thread)
+  // The reduction overlaps the last sequence's backward where a rank adds every sequence into
+  // one buffer (one thread, or one sequence per micro-batch): only then is a range final when
+  // the backward leaves it. With sequences on several threads the buffers are summed after the
+  // backward (below), so nothing is final before; the ranks agree (setup) since the reduction's
+  // collectives start in another order.
+  const bool overlap_step = overlap && (!threaded_rank || nl == 1);
+  std::unique_ptr<OrderedReduction> reduction;
+  const GradRangeDone on_done = [&reduction](int64_t lo, int64_t hi) {
+    reduction->ready(lo, hi);
+    reduction->poll();
+  };
   if (ep) ep->begin_step();
   // Zero the gradient buffers (each thread its own: first touch stays local).
   if (ep) {  // the trunk only: the own experts' are zeroed by begin_step, the others' never touched
@@ -573,11 +596,17 @@ StepStats Trainer::Impl::train_step() {
         explicit ExchangeScope(ExpertParallelTraining* e) { if (e) set_expert_train_exchange(e->exchange()); }
         ~ExchangeScope() { set_expert_train_exchange(nullptr); }
       } scope(ep);
+      // The step's last backward: the reduction starts on each range as the backward finishes
+      // it (no other collective runs before it ends, after the loop).
+      if (overlap_step && mb == nmicro - 1)
+        reduction = dp->begin_reduce_sum_ordered(grads[0].data<float>(), total, bounds, !zero, "grad.reduce");
       for_each_sequence(nl, P, par, [&](int64_t s, int tid) {
         LossOptions lo = loss_opt;
         if (weighted) lo.target_weight = seq_weights.data() + s * T;
+        const GradRangeDone* done = reduction && s == nl - 1 ? &on_done : nullptr;
+        K3_ASSERT(!done || tid == 0, "train: an overlapped reduction needs the sequences in one buffer");
         results[size_t(s)] = forward_backward(*model, seqs.data() + s * (T + 1), T, scale, grads[size_t(tid)].data<float>(),
-                                              *scratch[size_t(tid)], lo, balancer ? &routing[size_t(s)] : nullptr);
+                                              *scratch[size_t(tid)], lo, balancer ? &routing[size_t(s)] : nullptr, done);
       });
     }
     for (int64_t s = 0; s < nl; ++s)
@@ -626,11 +655,14 @@ StepStats Trainer::Impl::train_step() {
   }
   // The step's losses in the order one process sums them: micro-batch, then sequence (the
   // ranks' sequences of a micro-batch follow each other in rank order).
+  double t_reduce = 0;  // the reduction's time after the backward (all of it unless overlapped)
   if (dp) {
-    part = dp->allgatherv(part.data(), part.size(), "loss.gather");
-    // Ranks in order: then the gradients, summed in rank order (((g_0 + g_1) + g_2) ...), the
-    // order in which one process of NR threads sums its thread buffers above.
-    if (ep) {
+    // The gradients, summed in rank order (((g_0 + g_1) + g_2) ...), the order in which one
+    // process of NR threads sums its thread buffers above.
+    const auto tr = Clock::now();
+    if (reduction) {
+      reduction->finish();
+    } else if (ep) {
       // The trunk as data parallelism reduces it (packed: the routed experts are not in it);
       // the experts on their owners, summed in the same rank order.
       // Under ZeRO-1 only each rank's owned trunk parameters are summed (the rest of the
@@ -642,6 +674,9 @@ StepStats Trainer::Impl::train_step() {
     } else {
       dp->reduce_sum_ordered(g0, total, bounds, !zero, "grad.reduce");
     }
+    t_reduce = seconds_since(tr);
+    // Then the losses, ranks in order (after the reduction: none may start while it runs).
+    part = dp->allgatherv(part.data(), part.size(), "loss.gather");
     if (balancer) balancer->reduce_across(*dp);
   }
   double loss_sum = 0, aux_sum = 0;
@@ -711,6 +746,7 @@ StepStats Trainer::Impl::train_step() {
               {"seq_len", T},           {"loss", loss},    {"lr", lr},          {"grad_norm", gnorm},
               {"tokens", st.tokens_seen}, {"tokens_per_s", double(targets) / dt}, {"seconds", dt}, {"seconds_fwd_bwd", t_fb},
               {"seconds_update", t_opt},  {"maxvio", mv}};
+    if (dp) j["seconds_grad_reduce"] = t_reduce;  // the gradient reduction left after the backward
     if (loss_opt.aux_alpha > 0) j["aux_loss"] = aux_sum / double(nmicro * nseq);
     if (sc.long_tasks.active()) j["long_task_seqs"] = long_seqs;  // sequences replaced by long-range tasks
     if (vision) {
@@ -740,7 +776,7 @@ StepStats Trainer::Impl::train_step() {
   StepStats out;
   out.step = st.step, out.stage = st.stage, out.seq_len = T, out.tokens = targets;
   out.loss = loss, out.grad_norm = gnorm, out.lr = lr;
-  out.seconds = dt, out.seconds_fwd_bwd = t_fb, out.seconds_update = t_opt;
+  out.seconds = dt, out.seconds_fwd_bwd = t_fb, out.seconds_update = t_opt, out.seconds_grad_reduce = t_reduce;
   out.maxvio = mv;
   return out;
 }

@@ -68,6 +68,11 @@ struct TrainOptions {
   // it owns, whole matrices assigned to ranks in contiguous runs of about equal optimiser
   // cost; the updated parameters are then gathered. false: every rank steps everything.
   bool shard_optimizer = true;
+  // With dp (not ep): start the gradient reduction during the step's last backward, each bucket
+  // as soon as the backward has finished it (docs/distributed.md: where a rank adds its
+  // sequences into one buffer, i.e. one thread per rank or one sequence per micro-batch);
+  // the same bits either way. false (--dp-overlap off): after the backward.
+  bool dp_overlap = true;
   // Expert parallel (with dp; docs/distributed.md): the ranks form groups of ep->size(), each
   // rank of a group owning, computing and stepping 1/ep->size() of every MoE layer's routed
   // experts; the sequences still split over all dp ranks. A rank holds the weights,
@@ -105,6 +110,9 @@ struct StepStats {
   double seconds = 0;          // the whole step
   double seconds_fwd_bwd = 0;  // forward + backward of every micro-batch (and balancer observation)
   double seconds_update = 0;   // clipping, optimiser, balancer update
+  // Data parallel: the gradient reduction after the last backward (the exposed
+  // communication; what an overlapped reduction has not finished during the backward)
+  double seconds_grad_reduce = 0;
   std::vector<double> maxvio;  // per MoE layer, this step's routing (empty without a balancer)
 };
 

@@ -55,9 +55,10 @@ struct Trace {
   int64_t foreign_resident = -1, foreign_resident_synced = -1;
 };
 
-// ep (optional): expert parallel over dp's ranks (zero: ZeRO-1 of the trunk).
+// ep (optional): expert parallel over dp's ranks (zero: ZeRO-1 of the trunk). dp_overlap:
+// TrainOptions::dp_overlap (the reduction overlapped with the last backward).
 inline Trace trace_run(const std::string& run_path, const std::string& out, int threads, DataParallel* dp, bool zero,
-                       ExpertParallelTraining* ep = nullptr) {
+                       ExpertParallelTraining* ep = nullptr, bool dp_overlap = true) {
   TrainOptions o;
   o.out_dir = out;
   o.quiet = true;
@@ -65,6 +66,7 @@ inline Trace trace_run(const std::string& run_path, const std::string& out, int 
   o.dp = dp;
   o.shard_optimizer = zero;
   o.ep = ep;
+  o.dp_overlap = dp_overlap;
   Trainer t(load_run_config(run_path), o);
   Trace tr;
   int64_t total = 0;

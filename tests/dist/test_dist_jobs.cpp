@@ -7,7 +7,8 @@
 //    ranks it completes (a different summation tree: float rounding only);
 //  - a rank that exits without MPI_Finalize ends the job the same way;
 //  - a rank that hangs makes the others abort at --comm-timeout, naming the collective;
-//  - --dp without mpirun, and mpirun without --dp, are refused with one line.
+//  - --dp without mpirun, and mpirun without --dp, are refused with one line; so are
+//    --dp-overlap without --dp and a --dp-overlap other than on / off.
 //  - `generate --ep 2` and `--ep 4` print the single process's tokens, with MXFP4 experts and
 //    with plain ones (each rank then releases the memory of the others' experts).
 //  - expert parallel (`--ep 2`): the job logs and records (comm_stats.json) the bytes of its
@@ -196,6 +197,13 @@ TEST(DistJobs, RefusesAMismatchedRankCount) {
   Job bare = sh(mpirun(2) + " " + train_args(t.path, t.sub("b")));
   EXPECT_NE(bare.rc, 0) << bare.out;
   EXPECT_NE(bare.out.find("without --dp: pass --dp 2"), std::string::npos) << bare.out;
+  // --dp-overlap: only with --dp, and only on or off.
+  Job lone = sh(train_args(t.path, t.sub("c")) + " --dp-overlap off");
+  EXPECT_EQ(lone.rc, 1) << lone.out;
+  EXPECT_NE(lone.out.find("--dp-overlap and --dp-overlap-inflight go with --dp"), std::string::npos) << lone.out;
+  Job odd = sh(mpirun(2) + " " + train_args(t.path, t.sub("d")) + " --dp 2 --dp-overlap maybe");
+  EXPECT_NE(odd.rc, 0) << odd.out;
+  EXPECT_NE(odd.out.find("--dp-overlap: expected on or off, got 'maybe'"), std::string::npos) << odd.out;
 }
 
 TEST(DistJobs, ExpertParallelGenerateEqualsOneProcess) {

@@ -59,6 +59,15 @@ float value(int rank, int64_t i) {  // wide magnitudes, so that the summation or
   return float((u - 0.5) * std::pow(10.0, double(int64_t(h % 7)) - 3.0));
 }
 
+// Uneven owned ranges (rank 0's empty when N > 1), as parameter boundaries make them.
+std::vector<int64_t> uneven_bounds(int64_t n, int N) {
+  std::vector<int64_t> bounds(size_t(N) + 1, n);
+  bounds[0] = 0;
+  for (int r = 1; r < N; ++r) bounds[size_t(r)] = n * r * r / (N * N) + (r == 1 ? 0 : 7);
+  for (int r = 1; r <= N; ++r) bounds[size_t(r)] = std::max(bounds[size_t(r)], bounds[size_t(r) - 1]);
+  return bounds;
+}
+
 }  // namespace
 
 TEST(DistRanks, OrderedReductionIsTheRankOrderSumBitwise) {
@@ -67,11 +76,7 @@ TEST(DistRanks, OrderedReductionIsTheRankOrderSumBitwise) {
     DataParallel& dp = *g.dp;
     const int N = dp.size(), me = dp.rank();
     const int64_t n = 1237;
-    // Uneven owned ranges (rank 0's empty when N > 1), as parameter boundaries make them.
-    std::vector<int64_t> bounds(size_t(N) + 1, n);
-    bounds[0] = 0;
-    for (int r = 1; r < N; ++r) bounds[size_t(r)] = n * r * r / (N * N) + (r == 1 ? 0 : 7);
-    for (int r = 1; r <= N; ++r) bounds[size_t(r)] = std::max(bounds[size_t(r)], bounds[size_t(r) - 1]);
+    const std::vector<int64_t> bounds = uneven_bounds(n, N);
     std::vector<float> x(static_cast<size_t>(n)), want(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
       x[size_t(i)] = value(me, i);
@@ -112,6 +117,59 @@ TEST(DistRanks, OrderedReductionIsTheRankOrderSumBitwise) {
     for (int r = 0; r < N; ++r) {
       EXPECT_EQ(counts[size_t(r)], size_t(r + 1));
       for (int j = 0; j <= r; ++j) EXPECT_EQ(all[at++], double(r));
+    }
+  }
+}
+
+// The progressive reduction (begin_reduce_sum_ordered, dist/ordered_reduction.h) fed ranges in
+// a shuffled order (the same on every rank), polled between them, some left for finish():
+// bitwise the plain reduce_sum_ordered and the rank-ordered sum, the same bytes, and buckets
+// really started before finish().
+TEST(DistRanks, ProgressiveReductionInAnyOrderIsThePlainOneBitwise) {
+  for (int64_t bucket : {int64_t(64), int64_t(1000), int64_t(4) << 20}) {
+    for (bool all : {false, true}) {
+      Group g(bucket);
+      DataParallel& dp = *g.dp;
+      const int N = dp.size(), me = dp.rank();
+      const int64_t n = 1237;
+      std::vector<int64_t> bounds = uneven_bounds(n, N);
+      std::vector<float> x(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) x[size_t(i)] = value(me, i);
+      std::vector<float> plain = x;
+      dp.reduce_sum_ordered(plain.data(), n, bounds, all, "plain");
+      // Cut [0, n) into pieces of 1..97 elements, shuffled; the last 3 are never reported.
+      std::mt19937 rng(uint32_t(bucket) + (all ? 1 : 0));
+      std::vector<std::pair<int64_t, int64_t>> pieces;
+      for (int64_t lo = 0; lo < n;) {
+        const int64_t hi = std::min(n, lo + 1 + int64_t(rng() % 97));
+        pieces.emplace_back(lo, hi);
+        lo = hi;
+      }
+      std::shuffle(pieces.begin(), pieces.end(), rng);
+      std::vector<float> prog = x;
+      std::unique_ptr<OrderedReduction> red = dp.begin_reduce_sum_ordered(prog.data(), n, bounds, all, "prog");
+      for (size_t i = 0; i + 3 < pieces.size(); ++i) {
+        red->ready(pieces[i].first, pieces[i].second);
+        red->poll();
+      }
+      red->finish();
+      const int64_t lo = all ? 0 : bounds[size_t(me)], hi = all ? n : bounds[size_t(me) + 1];
+      EXPECT_EQ(0, std::memcmp(prog.data() + lo, plain.data() + lo, sizeof(float) * size_t(hi - lo)))
+          << "bucket " << bucket << " all " << all;
+      for (int64_t i = lo; i < hi; ++i) {
+        float w = value(0, i);
+        for (int r = 1; r < N; ++r) w += value(r, i);
+        ASSERT_EQ(prog[size_t(i)], w) << "element " << i << " bucket " << bucket;
+      }
+      if (N > 1) {
+        const auto& st = g.comm->stats();
+        EXPECT_EQ(st.at("prog.reduce_scatter").bytes_sent, st.at("plain.reduce_scatter").bytes_sent);
+        EXPECT_EQ(st.at("prog.reduce_scatter").calls, st.at("plain.reduce_scatter").calls);
+        if (all) EXPECT_EQ(st.at("prog.allgather").bytes_sent, st.at("plain.allgather").bytes_sent);
+        EXPECT_EQ(g.dp->overlap_buckets(), (n * 4 + bucket - 1) / bucket);
+        if (bucket == 64) EXPECT_GT(g.dp->overlap_buckets_early(), 0);
+        EXPECT_LT(g.dp->overlap_buckets_early(), g.dp->overlap_buckets());  // the unreported pieces wait
+      }
     }
   }
 }
@@ -170,18 +228,19 @@ TEST(DistRanks, QuantileBalancingStatisticsAreTheGlobalBatchs) {
 }
 
 TEST(DistRanks, DataParallelTrainingEqualsOneProcessBitwise) {
-  Group g;
+  Group g(int64_t(16) << 10);  // 16 KiB buckets: the tiny model's gradient is many, so most overlap
   DataParallel& dp = *g.dp;
   const int N = dp.size();
   struct Variant {
     bool zero;
     const char* balancer;
     const char* optimizer;
+    bool also_without_overlap;  // a second data-parallel run with --dp-overlap off
   };
-  for (const Variant& v : {Variant{true, "qb-hist", "muon"}, Variant{false, "qb-hist", "muon"},
-                           Variant{true, "qb-exact", "adamw"}}) {
+  for (const Variant& v : {Variant{true, "qb-hist", "muon", true}, Variant{false, "qb-hist", "muon", true},
+                           Variant{true, "qb-exact", "adamw", false}}) {
     SharedDir dir(dp);
-    const std::string name = std::string(v.zero ? "zero1 " : "replicated ") + v.balancer + " " + v.optimizer;
+    const std::string base_name = std::string(v.zero ? "zero1 " : "replicated ") + v.balancer + " " + v.optimizer;
     // Two stages (seq_len 16 then 32) of 3 steps of 256 tokens in 2 micro-batches of 8 and 4
     // sequences: 2 and 1 per rank at 4 ranks. Evaluations every 2 steps, a checkpoint at 4.
     nlohmann::json run = tiny_run();
@@ -196,28 +255,43 @@ TEST(DistRanks, DataParallelTrainingEqualsOneProcessBitwise) {
       ref = trace_run(dir.path + "/run.json", dir.path + "/ref", N, nullptr, false);  // one process, N threads
     }
     dp.barrier("test.ref");
-    const Trace got = trace_run(dir.path + "/run.json", dir.path + "/dp", 1, &dp, v.zero);  // N ranks x 1 thread
-    if (dp.rank() != 0) continue;
-    ASSERT_EQ(got.loss.size(), ref.loss.size()) << name;
-    for (size_t i = 0; i < ref.loss.size(); ++i) {
-      EXPECT_EQ(got.loss[i], ref.loss[i]) << name << " step " << i + 1;
-      EXPECT_EQ(got.gnorm[i], ref.gnorm[i]) << name << " step " << i + 1;
-      EXPECT_EQ(got.grads_hash[i], ref.grads_hash[i]) << name << " step " << i + 1 << " gradients";
-      EXPECT_EQ(got.weights_hash[i], ref.weights_hash[i]) << name << " step " << i + 1 << " weights";
+    // N ranks x 1 thread, the reduction overlapped with the last backward (the default)...
+    const int64_t early0 = g.dp->overlap_buckets_early();
+    const Trace overlapped = trace_run(dir.path + "/run.json", dir.path + "/dp", 1, &dp, v.zero);
+    if (N > 1) EXPECT_GT(g.dp->overlap_buckets_early(), early0) << base_name << ": no bucket started during a backward";
+    // ... and after it.
+    std::vector<std::pair<std::string, Trace>> runs;
+    runs.emplace_back("overlap on", overlapped);
+    if (v.also_without_overlap) {
+      const int64_t buckets0 = g.dp->overlap_buckets();
+      runs.emplace_back("overlap off", trace_run(dir.path + "/run.json", dir.path + "/dp_off", 1, &dp, v.zero, nullptr,
+                                                 /*dp_overlap=*/false));
+      EXPECT_EQ(g.dp->overlap_buckets(), buckets0) << base_name << ": --dp-overlap off still overlapped";
     }
-    ASSERT_EQ(got.weights.size(), ref.weights.size());
-    EXPECT_EQ(0, std::memcmp(got.weights.data(), ref.weights.data(), sizeof(float) * ref.weights.size())) << name;
-    EXPECT_TRUE(got.opt_state == ref.opt_state) << name << ": optimiser state";
-    EXPECT_FALSE(ref.evals.empty());
-    EXPECT_EQ(got.evals, ref.evals) << name;
-    EXPECT_EQ(got.ckpt_weights_hash, ref.ckpt_weights_hash) << name;
-    EXPECT_EQ(got.ckpt_opt_hash, ref.ckpt_opt_hash) << name;
+    if (dp.rank() != 0) continue;
+    for (const auto& [how, got] : runs) {
+      const std::string name = base_name + ", " + how;
+      ASSERT_EQ(got.loss.size(), ref.loss.size()) << name;
+      for (size_t i = 0; i < ref.loss.size(); ++i) {
+        EXPECT_EQ(got.loss[i], ref.loss[i]) << name << " step " << i + 1;
+        EXPECT_EQ(got.gnorm[i], ref.gnorm[i]) << name << " step " << i + 1;
+        EXPECT_EQ(got.grads_hash[i], ref.grads_hash[i]) << name << " step " << i + 1 << " gradients";
+        EXPECT_EQ(got.weights_hash[i], ref.weights_hash[i]) << name << " step " << i + 1 << " weights";
+      }
+      ASSERT_EQ(got.weights.size(), ref.weights.size());
+      EXPECT_EQ(0, std::memcmp(got.weights.data(), ref.weights.data(), sizeof(float) * ref.weights.size())) << name;
+      EXPECT_TRUE(got.opt_state == ref.opt_state) << name << ": optimiser state";
+      EXPECT_FALSE(ref.evals.empty());
+      EXPECT_EQ(got.evals, ref.evals) << name;
+      EXPECT_EQ(got.ckpt_weights_hash, ref.ckpt_weights_hash) << name;
+      EXPECT_EQ(got.ckpt_opt_hash, ref.ckpt_opt_hash) << name;
+    }
     // QB moved the router biases (part of the weights compared above).
     const K3Model m = load_model(dir.path + "/dp/checkpoint");
     const float* b = m.weights().param("language_model.model.layers.1.block_sparse_moe.gate.e_score_correction_bias");
     bool moved = false;
     for (int j = 0; j < 8; ++j) moved |= b[j] != 0.0f;
-    EXPECT_TRUE(moved) << name;
+    EXPECT_TRUE(moved) << base_name;
   }
 }
 

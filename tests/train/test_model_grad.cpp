@@ -481,3 +481,52 @@ TEST(ModelGrad, ConcurrentSequencesMatchSerial) {
     EXPECT_LT(test::rel_rms(par[size_t(i)].data(), serial[size_t(i)].data(), int64_t(P)), 1e-5) << i;
   }
 }
+
+// The backward's progress reports (k3_model.h GradRangeDone), which data parallelism reduces
+// while the backward goes on: each of ParamLayout::layer_sections once, in the backward's order
+// (head, layers last to first, embedding), every range already holding its final values when
+// reported (into a buffer that held an earlier sequence's gradient, as the trainer
+// accumulates), and a run with the hook equal to one without, bitwise. Untied and tied (the
+// tied embedding also takes the head's gradient, so it must wait until the end).
+TEST(ModelGrad, BackwardReportsEachSectionOnceItIsFinal) {
+  const OneThread one;
+  for (bool tied : {false, true}) {
+    K3Config c = grad_config();
+    c.tie_word_embeddings = tied;
+    const K3Model m(grad_store(c, 5));
+    const ParamLayout& lay = m.weights().layout();
+    const int64_t L = c.num_hidden_layers, n = lay.total_floats();
+    const std::vector<int64_t> sec = lay.layer_sections(L);
+    ASSERT_EQ(int64_t(sec.size()), L + 3);
+    EXPECT_EQ(sec[0], 0);
+    EXPECT_EQ(sec[size_t(L + 2)], n);
+    for (size_t i = 0; i < lay.size(); ++i) {  // every tensor inside its own section
+      const ParamSpec& sp = lay.spec(i);
+      const size_t k = sp.layer >= 0 ? size_t(sp.layer + 1) : lay.offset(i) < sec[1] ? 0 : size_t(L + 1);
+      EXPECT_GE(lay.offset(i), sec[k]) << sp.name;
+      EXPECT_LE(lay.offset(i) + sp.numel(), sec[k + 1]) << sp.name;
+      EXPECT_EQ(k == 0, sp.name.find("embed_tokens") != std::string::npos) << sp.name;
+    }
+    const std::vector<int32_t> a = make_tokens(kT + 1, c.vocab_size, 31), b = make_tokens(kT + 1, c.vocab_size, 32);
+    TrainScratch s;
+    std::vector<float> plain(size_t(n), 0.f);
+    forward_backward(m, a.data(), kT, 1.0, plain.data(), s, {kAux}, nullptr);
+    std::vector<float> hooked = plain;
+    forward_backward(m, b.data(), kT, 1.0, plain.data(), s, {kAux}, nullptr);
+    std::vector<std::pair<int64_t, int64_t>> got;
+    std::vector<std::vector<float>> seen;
+    const GradRangeDone done = [&](int64_t lo, int64_t hi) {
+      got.emplace_back(lo, hi);
+      seen.emplace_back(hooked.begin() + lo, hooked.begin() + hi);
+    };
+    forward_backward(m, b.data(), kT, 1.0, hooked.data(), s, {kAux}, nullptr, &done);
+    EXPECT_EQ(0, std::memcmp(hooked.data(), plain.data(), sizeof(float) * size_t(n))) << "tied " << tied;
+    std::vector<std::pair<int64_t, int64_t>> want;
+    for (int64_t k = L + 1; k >= 0; --k)
+      if (sec[size_t(k)] < sec[size_t(k + 1)]) want.emplace_back(sec[size_t(k)], sec[size_t(k + 1)]);
+    ASSERT_EQ(got, want) << "tied " << tied;
+    for (size_t r = 0; r < got.size(); ++r)
+      EXPECT_EQ(0, std::memcmp(seen[r].data(), hooked.data() + got[r].first, sizeof(float) * seen[r].size()))
+          << "tied " << tied << ": range [" << got[r].first << ", " << got[r].second << ") changed after its report";
+  }
+}
