@@ -17,6 +17,7 @@
 #   encoded by a BPE vocabulary in the slice directory, trained there first if it has none
 #   (`k3cpp tokenizer train --vocab-size 16384` on TOKENIZER_CORPUS, default the KJV from
 #   Debian's `bible`; the slice's vocabulary is 16384 ids);
+#   LOOKUP_IDS=1,2,3: with SPECULATE, drafts also looked up in these token ids (--lookup-ids);
 #   K3CPP=PATH runs that k3cpp binary instead of building $BUILD/k3cpp (the slice must exist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -97,7 +98,7 @@ for BN in $BUDGETS; do
   for P in $POLICIES; do
     for K in $SPECULATE; do
       SPEC=""
-      [ "$K" != "0" ] && SPEC="--speculate $K"
+      [ "$K" != "0" ] && SPEC="--speculate $K${LOOKUP_IDS:+ --lookup-ids $LOOKUP_IDS}"
       echo "== budget $B GB, policy $P $RING ${SPEC:-(plain greedy)}"
       pc0=$(awk '/^Cached:/{print $2}' /proc/meminfo)
       set +e
