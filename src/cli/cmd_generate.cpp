@@ -204,7 +204,8 @@ int cmd_generate(const std::vector<std::string>& args) {
         std::fprintf(stderr, "%s\n", line.c_str());
     };
   }
-  BudgetedModel bm = load_budgeted(a, md, lo, "generate", int64_t(ids.size()));
+  BudgetedModel bm = load_budgeted(a, md, lo, "generate", int64_t(ids.size()),
+                                   speculative_working_bytes(md.config, spec.draft_tokens));
   const K3Model& model = bm.im->model;
   if (rt && rt->size() > 1) {
     comm = dist::make_comm("mpi", 600);

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/planner.h"
 
 namespace k3 {
 
@@ -12,6 +13,12 @@ int32_t greedy_token(const float* logits, int64_t V) {
   for (int64_t i = 1; i < V; ++i)
     if (logits[i] > logits[best]) best = i;
   return int32_t(best);
+}
+
+uint64_t speculative_working_bytes(const K3Config& c, int64_t draft_tokens) {
+  if (draft_tokens <= 0) return 0;
+  const uint64_t K = uint64_t(draft_tokens);
+  return K * decode_cache_bytes(c, 1).kda_total + (K + 1) * uint64_t(c.vocab_size) * 4;
 }
 
 std::vector<int32_t> ngram_draft(const std::vector<int32_t>& h, const SpeculativeOptions& opt, int64_t limit) {

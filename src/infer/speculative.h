@@ -64,6 +64,11 @@ SpeculativeStats generate_greedy_speculative(Session& session, std::vector<int32
                                              int64_t max_tokens, const Drafter& draft,
                                              const std::function<bool(int32_t)>& emit);
 
+// Memory a verification of up to K drafted tokens holds beyond plain decoding: the KDA step
+// log (K states and conv windows per KDA layer) and the logits rows [K + 1, V]. Held back
+// from a RAM budget (generate --speculate K --ram-budget GB).
+uint64_t speculative_working_bytes(const K3Config& c, int64_t draft_tokens);
+
 // Lowest index of the largest logit (the sampler's greedy rule).
 int32_t greedy_token(const float* logits, int64_t V);
 

@@ -149,6 +149,18 @@ TEST(SessionVerify, KeepPrefixEqualsAppendingThePrefixAlone) {
       EXPECT_EQ(0, std::memcmp(ra.data(), b.step(feed[0]), sizeof(float) * size_t(V))) << what;
     }
   }
+  // The RAM budget's reserve for speculation is what a verification of K + 1 tokens holds:
+  // the step logs (K states per KDA layer) and the rows [K + 1, V].
+  {
+    Session s(m);
+    s.prefill(prompt);
+    s.verify(feed.data(), 5);
+    uint64_t held = 5 * uint64_t(V) * 4;
+    for (const LayerState& l : s.state().layers)
+      held += 4 * (l.kda_log.S.size() + l.kda_log.conv_q.size() + l.kda_log.conv_k.size() + l.kda_log.conv_v.size());
+    EXPECT_EQ(held, speculative_working_bytes(small_config(), 4));
+    EXPECT_EQ(speculative_working_bytes(small_config(), 0), 0u);
+  }
   Session s(m);
   s.prefill(prompt);
   EXPECT_THROW(s.keep_prefix(1), Error);  // no verify
