@@ -196,8 +196,10 @@ TEST(Speculative, OracleDraftsAcceptedAndRejectedGiveExactlyPlainGreedyInFewerPa
   const K3Model m = test::random_model(small_config(), 3);
   const int64_t V = m.dims().V, n = 24;
   const std::vector<int32_t> prompt = test::make_ids(20, V, 9);
-  for (KDAPath path : {KDAPath::Fast, KDAPath::Recurrent})
-  for (int64_t wrong_at : {0, 2, 99}) {
+  const int64_t wrong_ats[3] = {0, 2, 99};
+  for (int c = 0; c < 6; ++c) {
+    const KDAPath path = c < 3 ? KDAPath::Fast : KDAPath::Recurrent;
+    const int64_t wrong_at = wrong_ats[c % 3];
     SessionOptions so;
     so.decode_path = path;
     const std::vector<int32_t> ref = plain_greedy(m, prompt, n, so);
