@@ -10,7 +10,15 @@
 #   SLICE_DIR default /work/k3-slice (written if it has no config.json; KEEP=0 deletes it at the end)
 #   BUDGETS   default "4 8 16" (GB); POLICIES default "s3fifo lru"; DECODE default 24; THREADS default 2;
 #   PROMPT default 512 (a budget below the trunk streams it through a ring: the trunk lines);
-#   a budget written B:N forces the trunk through a ring of N slots (--trunk-slots N)
+#   a budget written B:N forces the trunk through a ring of N slots (--trunk-slots N);
+#   SPECULATE default "0": one run per K in the list, K > 0 with `--speculate K` (greedy n-gram
+#   drafts, infer/speculative.h), 0 plain greedy; the runs' token ids are compared (md5);
+#   PROMPT_TEXT=FILE: the prompt is FILE's text (`--prompt`) instead of PROMPT synthetic ids,
+#   encoded by a BPE vocabulary in the slice directory, trained there first if it has none
+#   (`k3cpp tokenizer train --vocab-size 16384` on TOKENIZER_CORPUS, default the KJV from
+#   Debian's `bible`; the slice's vocabulary is 16384 ids);
+#   LOOKUP_IDS=1,2,3: with SPECULATE, drafts also looked up in these token ids (--lookup-ids);
+#   K3CPP=PATH runs that k3cpp binary instead of building $BUILD/k3cpp (the slice must exist)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SLICE=${1:-/work/k3-slice}
@@ -20,10 +28,15 @@ POLICIES=${POLICIES:-s3fifo lru}
 DECODE=${DECODE:-24}
 PROMPT=${PROMPT:-512}
 THREADS=${THREADS:-2}
+SPECULATE=${SPECULATE:-0}
 BUILD=${BUILD:-build}
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DK3_BUILD_BENCH=OFF >/dev/null
-nice cmake --build "$BUILD" -j2 --target k3cpp k3_make_slice >/dev/null
-K3="$BUILD/k3cpp"
+if [ -n "${K3CPP:-}" ]; then  # a k3cpp built before (e.g. another commit's): no build
+  K3=$K3CPP
+else
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DK3_BUILD_BENCH=OFF >/dev/null
+  nice cmake --build "$BUILD" -j2 --target k3cpp k3_make_slice >/dev/null
+  K3="$BUILD/k3cpp"
+fi
 if [ ! -f "$SLICE/config.json" ]; then
   echo "== writing the slice to $SLICE"
   /usr/bin/time -f "slice written in %e s" "$BUILD/k3_make_slice" configs/k3-slice.json "$SLICE" --seed 1
@@ -63,24 +76,43 @@ cg_run() {  # cg_run BUDGET_GB cmd...: runs cmd in a fresh child cgroup limited 
   echo "no memory cgroup (could not create one under $CG_PARENT): RssAnon sampling only" >&2
   "$@"
 }
-IDS=$(python3 -c "print(','.join(str((i*7919+13)%16384) for i in range($PROMPT)))")
+if [ -n "${PROMPT_TEXT:-}" ]; then
+  if [ ! -f "$SLICE/tiktoken.model" ]; then
+    CORPUS=${TOKENIZER_CORPUS:-}
+    if [ -z "$CORPUS" ]; then  # the KJV, one verse a line, without the references
+      CORPUS=$(mktemp /tmp/k3_mlb_kjv.XXXXXX)
+      bible -f Gen1:1-Rev22:21 | sed -E 's/^[A-Za-z0-9]+[0-9]+:[0-9]+ //' > "$CORPUS"
+    fi
+    echo "== training a BPE vocabulary on $CORPUS into $SLICE"
+    "$K3" tokenizer train --corpus "$CORPUS" --vocab-size 16384 --out "$SLICE"
+  fi
+  PROMPT_ARGS=(--prompt "$(cat "$PROMPT_TEXT")")
+  echo "== prompt: $PROMPT_TEXT, $("$K3" tokenize --vocab "$SLICE" --file "$PROMPT_TEXT" | tr ',' '\n' | wc -l) tokens"
+else
+  PROMPT_ARGS=(--ids "$(python3 -c "print(','.join(str((i*7919+13)%16384) for i in range($PROMPT)))")")
+fi
 for BN in $BUDGETS; do
   B=${BN%%:*}
   RING=""
   [ "$BN" != "$B" ] && RING="--trunk-slots ${BN#*:}"
   for P in $POLICIES; do
-    echo "== budget $B GB, policy $P $RING"
-    pc0=$(awk '/^Cached:/{print $2}' /proc/meminfo)
-    set +e
-    cg_run "$B" /usr/bin/time -f "wall %e s, max RSS (VmHWM, incl. file pages) %M kB" \
-      "$K3" generate "$SLICE" --ids "$IDS" --max-tokens $((DECODE + 1)) --ids-out --threads "$THREADS" \
-      --ram-budget "$B" $RING --cache-policy "$P" --disk-gbps "$DISK" > /tmp/k3_mlb_out.txt 2> /tmp/k3_mlb_err.txt
-    rc=$?
-    set -e
-    pc1=$(awk '/^Cached:/{print $2}' /proc/meminfo)
-    grep -v "^k3cpp generate: CPU" /tmp/k3_mlb_err.txt || true
-    echo "exit $rc; system page cache $(( (pc1 - pc0) / 1024 )) MiB over the run"
-    [ $rc -ne 0 ] && break  # the other policy refuses the same budget
+    for K in $SPECULATE; do
+      SPEC=""
+      [ "$K" != "0" ] && SPEC="--speculate $K${LOOKUP_IDS:+ --lookup-ids $LOOKUP_IDS}"
+      echo "== budget $B GB, policy $P $RING ${SPEC:-(plain greedy)}"
+      pc0=$(awk '/^Cached:/{print $2}' /proc/meminfo)
+      set +e
+      cg_run "$B" /usr/bin/time -f "wall %e s, max RSS (VmHWM, incl. file pages) %M kB" \
+        "$K3" generate "$SLICE" "${PROMPT_ARGS[@]}" --max-tokens $((DECODE + 1)) --ids-out --threads "$THREADS" \
+        --ram-budget "$B" $RING $SPEC --cache-policy "$P" --disk-gbps "$DISK" > /tmp/k3_mlb_out.txt 2> /tmp/k3_mlb_err.txt
+      rc=$?
+      set -e
+      pc1=$(awk '/^Cached:/{print $2}' /proc/meminfo)
+      grep -v "^k3cpp generate: CPU" /tmp/k3_mlb_err.txt || true
+      echo "tokens: $(cat /tmp/k3_mlb_out.txt) (md5 $(md5sum < /tmp/k3_mlb_out.txt | cut -c1-12))"
+      echo "exit $rc; system page cache $(( (pc1 - pc0) / 1024 )) MiB over the run"
+      [ $rc -ne 0 ] && break 2  # the other runs refuse the same budget
+    done
   done
 done
 if [ "${KEEP:-1}" = "0" ]; then rm -rf "$SLICE"; echo "deleted $SLICE"; fi

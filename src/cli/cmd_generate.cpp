@@ -47,7 +47,8 @@ namespace {
 const char* kUsage =
     "usage: k3cpp generate <model dir> (--ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
     "                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop ID,...]\n"
-    "                      [--speculate K [--ngram N]] [--ids-out] [--threads N] [--ram-budget GB ...]\n"
+    "                      [--speculate K [--ngram N] [--lookup-ids 1,2,3]] [--ids-out] [--threads N]\n"
+    "                      [--ram-budget GB ...]\n"
     "                      [--ep R]\n"
     "  --ids          prompt as comma-separated token ids\n"
     "  --prompt       prompt as text (the model dir's tiktoken.model, else its byte tokenizer.json)\n"
@@ -62,6 +63,8 @@ const char* kUsage =
     "  --speculate    greedy only: draft up to K tokens from the text so far (n-gram lookup) and\n"
     "                 verify them in one pass; the output is greedy's (default 0: off)\n"
     "  --ngram        longest suffix the draft looks up (default 3)\n"
+    "  --lookup-ids   token ids the draft also looks the suffix up in, after the text so far (a\n"
+    "                 reference document; with --speculate)\n"
     "  --ids-out      print token ids instead of text\n"
     "  --ep R         expert parallel, under mpirun -np R: each rank computes 1/R of every layer's\n"
     "                 routed experts (the trunk on every rank); logits equal one process's\n";
@@ -80,7 +83,7 @@ void print(const std::string& s) { std::fwrite(s.data(), 1, s.size(), stdout); }
 int cmd_generate(const std::vector<std::string>& args) {
   Args a(args,
          with_ram_budget_options({"ids", "prompt", "image", "max-tokens", "temperature", "top-k", "top-p", "seed", "stop",
-                                  "threads", "speculate", "ngram", "ep"}),
+                                  "threads", "speculate", "ngram", "lookup-ids", "ep"}),
          {"ids-out", "help"}, "generate");
   if (a.flag("help")) {
     std::fputs(usage().c_str(), stdout);
@@ -105,6 +108,10 @@ int cmd_generate(const std::vector<std::string>& args) {
   spec.ngram_max = a.get_int("ngram", 3);
   if (spec.draft_tokens < 0) fail("--speculate: expected a non-negative number of draft tokens");
   if (spec.ngram_max < 1) fail("--ngram: expected a positive suffix length");
+  if (auto l = a.get("lookup-ids")) {
+    if (spec.draft_tokens == 0) fail("--lookup-ids: drafts are only made with --speculate K");
+    spec.lookup = parse_ids(*l, "--lookup-ids");
+  }
   if (spec.draft_tokens > 0 && so.temperature != 0.0)
     fail("--speculate: verifies greedy drafts only; it needs --temperature 0 (got " + std::to_string(so.temperature) + ")");
   const bool ids_out = a.flag("ids-out");
@@ -171,6 +178,7 @@ int cmd_generate(const std::vector<std::string>& args) {
     ids = std::move(expanded);
   }
   check_ids_in_vocab(ids, md, ids_arg ? "--ids" : "--prompt");
+  check_ids_in_vocab(spec.lookup, md, "--lookup-ids");
   std::vector<int32_t> stop;
   if (auto s = a.get("stop")) {
     stop = parse_ids(*s, "--stop");
@@ -196,7 +204,8 @@ int cmd_generate(const std::vector<std::string>& args) {
         std::fprintf(stderr, "%s\n", line.c_str());
     };
   }
-  BudgetedModel bm = load_budgeted(a, md, lo, "generate", int64_t(ids.size()));
+  BudgetedModel bm = load_budgeted(a, md, lo, "generate", int64_t(ids.size()),
+                                   speculative_working_bytes(md.config, spec.draft_tokens));
   const K3Model& model = bm.im->model;
   if (rt && rt->size() > 1) {
     comm = dist::make_comm("mpi", 600);
@@ -253,10 +262,11 @@ int cmd_generate(const std::vector<std::string>& args) {
   if (spec.draft_tokens > 0)
     std::fprintf(stderr,
                  "generate: speculative: %lld passes for %lld tokens (%.2f tokens per pass), %lld drafts, %lld of %lld "
-                 "drafted tokens accepted (%.1f %%), %lld re-appends after a rejection\n",
+                 "drafted tokens accepted (%.1f %%), %lld rejected tails cut back (%lld of them by re-appending the kept "
+                 "tokens)\n",
                  (long long)sst.passes, (long long)produced, double(std::max<int64_t>(produced - 1, 0)) / std::max<int64_t>(sst.passes, 1),
                  (long long)sst.verifies, (long long)sst.accepted, (long long)sst.drafted, 100.0 * sst.acceptance(),
-                 (long long)sst.reappends);
+                 (long long)sst.cuts, (long long)sst.reappends);
   report_budgeted(bm, "generate");
   set_expert_exchange(nullptr);
   return 0;

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "model/planner.h"
 
 namespace k3::cli {
 
@@ -66,9 +67,11 @@ BudgetArgs parse_budget_args(const Args& a, int64_t tokens_per_call) {
 }
 
 BudgetedModel load_budgeted(const Args& a, const ModelDir& md, LoadOptions lo, const char* command,
-                            int64_t tokens_per_call) {
+                            int64_t tokens_per_call, uint64_t extra_working_bytes) {
   BudgetedModel bm;
-  const BudgetArgs b = parse_budget_args(a, tokens_per_call);
+  BudgetArgs b = parse_budget_args(a, tokens_per_call);
+  if (extra_working_bytes)
+    b.stream.working_reserve_bytes = working_bytes_estimate(md.config, b.stream.tokens_per_call) + extra_working_bytes;
   const StreamOptions& so = b.stream;
   const double disk = b.disk_bytes_per_s;
   bm.budget = b.budget;

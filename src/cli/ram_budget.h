@@ -42,9 +42,9 @@ struct BudgetedModel {
 
 // Loads md with lo (plus --ram-budget etc. from a); prints the plan and the trunk line.
 // tokens_per_call: the largest forward call the command makes (its working memory is held
-// back from the budget).
+// back from the budget); extra_working_bytes: held back too (speculative decoding's state).
 BudgetedModel load_budgeted(const Args& a, const ModelDir& md, LoadOptions lo, const char* command,
-                            int64_t tokens_per_call);
+                            int64_t tokens_per_call, uint64_t extra_working_bytes = 0);
 // After one phase of a run (prefill, decode): the phase's stream statistics per token
 // (bytes read per token against the plan) on one line, then the counters restart.
 void report_phase(BudgetedModel& bm, const char* command, const char* phase, int64_t tokens, double seconds);

@@ -39,6 +39,16 @@ class Session {
   // was appended since. One mark at a time; reset() clears it.
   void mark();
   void rewind();
+  // Speculative decoding's verification pass: step_many over ids [T] (T >= 1), ready for
+  // keep_prefix. On the Fast decode path every KDA layer logs its state after each token but
+  // the last (model/kda_mixer.h KDAStepLog; T - 1 states per KDA layer), otherwise it marks.
+  // Replaces the mark.
+  const float* verify(const int32_t* ids, int64_t T);
+  // Cuts the last verify() back to its first n tokens (1 <= n <= T) exactly: from the log (the
+  // KDA states restored, the MLA caches truncated) and returns true, or, without a log, rewinds
+  // and appends the n tokens again (one more pass) and returns false. Either way logits() is
+  // then the n-th token's.
+  bool keep_prefix(int64_t n);
   void reset();  // back to an empty sequence (caches keep their capacity)
 
   int64_t position() const { return state_.n_tokens; }  // tokens consumed
@@ -57,6 +67,9 @@ class Session {
   std::vector<KDAState> mark_kda_;  // [L] (MLA layers: unused)
   std::vector<int64_t> mark_mla_n_;  // [L]
   int64_t mark_tokens_ = -1;         // -1: no mark
+  std::vector<int32_t> verify_ids_;  // of the last verify() (empty: none since the last cut)
+  bool verify_logged_ = false;       // its KDA states are in the layers' step logs
+  int64_t verify_start_ = 0;         // tokens before it
 };
 
 }  // namespace k3

@@ -181,7 +181,8 @@ void decoder_layer_forward(BlockStateT<R>& bs, LayerStateT<R>& st, const LayerWe
     // calls would; otherwise the recurrent reference).
     const KDAPath p = mode == MixerMode::Decode && T > 1 ? (kda_path == KDAPath::Fast ? KDAPath::Steps : KDAPath::Recurrent)
                                                          : kda_path;
-    kda_mixer_forward<R>(a, st.kda, s.h.data(), w.kda, dm.kda, T, p, s.kda, rec ? &rec->kda : nullptr);
+    kda_mixer_forward<R>(a, st.kda, s.h.data(), w.kda, dm.kda, T, p, s.kda, rec ? &rec->kda : nullptr,
+                         st.kda_log.enabled && mode == MixerMode::Decode ? &st.kda_log : nullptr);
   }
   if (!bs.partial_empty) add_into(partial, a, n);
   bs.partial_empty = false;

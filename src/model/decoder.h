@@ -98,6 +98,7 @@ template <typename R>
 struct LayerStateT {
   KDAStateT<R> kda;
   MLACacheT<R> mla;
+  KDAStepLog kda_log;  // KDA layers, when enabled: per-token states of a Decode call (float)
 };
 using LayerState = LayerStateT<float>;
 

@@ -42,6 +42,15 @@ void KDAStateT<R>::reset(const KDADims& dims) {
   conv_v.assign(size_t(HD * P), R(0));
 }
 
+void KDAStepLog::restore(KDAState& state, int64_t n) const {
+  K3_ASSERT(n >= 1 && n < tokens, "KDAStepLog::restore: no logged state after that many tokens");
+  const size_t nS = state.S.size(), nc = state.conv_q.size(), i = size_t(n - 1);
+  std::copy_n(S.begin() + std::ptrdiff_t(i * nS), nS, state.S.begin());
+  std::copy_n(conv_q.begin() + std::ptrdiff_t(i * nc), nc, state.conv_q.begin());
+  std::copy_n(conv_k.begin() + std::ptrdiff_t(i * nc), nc, state.conv_k.begin());
+  std::copy_n(conv_v.begin() + std::ptrdiff_t(i * nc), nc, state.conv_v.begin());
+}
+
 template <typename R>
 void KDAScratchT<R>::ensure(int64_t T, const KDADims& dims) {
   const int64_t HD = dims.H * dims.D;
@@ -79,7 +88,7 @@ namespace {
 template <typename R>
 void kda_forward_segments(R* out, KDAStateT<R>* const* states, const int64_t* seg, int64_t n_seg, const R* x,
                           const KDAWeightsT<R>& w, const KDADims& dims, int64_t T, KDAPath path, KDAScratchT<R>& s,
-                          KDASavedT<R>* saved) {
+                          KDASavedT<R>* saved, KDAStepLog* log) {
   const int64_t d = dims.d, H = dims.H, D = dims.D, HD = H * D, K = dims.conv_k;
   K3_ASSERT(K >= 1 && H >= 1 && D >= 1 && d >= 1, "kda_mixer_forward: bad dims");
   K3_ASSERT(n_seg >= 1 && seg[0] == 0 && seg[n_seg] == T, "kda_mixer_forward: segments do not cover the rows");
@@ -137,6 +146,28 @@ void kda_forward_segments(R* out, KDAStateT<R>* const* states, const int64_t* se
   linear(q_lin, x, w.q_proj, T, d, HD);
   linear(k_lin, x, w.k_proj, T, d, HD);
   linear(v_lin, x, w.v_proj, T, d, HD);
+  // The step log: token by token (one token, or the Steps path) in float, one sequence.
+  const bool logging = log && std::is_same_v<R, float> && n_seg == 1 && !saved && (T == 1 || path == KDAPath::Steps);
+  if (log) log->tokens = 0;
+  if constexpr (std::is_same_v<R, float>) {
+    if (logging) {
+      // The conv windows after each prefix: the last K-1 entries of [carried | inputs so far].
+      const int64_t P = K - 1, n_log = T - 1;
+      const KDAStateT<R>& st = *states[0];
+      for (auto* b : {&log->conv_q, &log->conv_k, &log->conv_v}) grow(*b, n_log * HD * P);
+      grow(log->S, n_log * H * D * D);
+      const R* lin[3] = {q_lin, k_lin, v_lin};
+      const R* carried[3] = {st.conv_q.data(), st.conv_k.data(), st.conv_v.data()};
+      float* dst[3] = {log->conv_q.data(), log->conv_k.data(), log->conv_v.data()};
+      for (int a = 0; a < 3; ++a)
+        for (int64_t t = 0; t < n_log; ++t)
+          for (int64_t c = 0; c < HD; ++c)
+            for (int64_t j = 0; j < P; ++j) {
+              const int64_t src = t + 1 - P + j;  // < 0: still a carried entry
+              dst[a][(t * HD + c) * P + j] = src >= 0 ? lin[a][src * HD + c] : carried[a][c * P + P + src];
+            }
+    }
+  }
   for (int64_t j = 0; j < n_seg; ++j) {
     const int64_t r = seg[j] * HD, n = seg[j + 1] - seg[j];
     KDAStateT<R>& st = *states[j];
@@ -174,9 +205,12 @@ void kda_forward_segments(R* out, KDAStateT<R>* const* states, const int64_t* se
         else
           kda_decode_step(o_j, S, q_j, k_j, v_j, g_j, beta_j, H, D, D, scale);
       } else if (path == KDAPath::Steps && !saved) {
-        for (int64_t t = 0; t < Tj; ++t)
+        const int64_t HDD = H * D * D;
+        for (int64_t t = 0; t < Tj; ++t) {
           kda_decode_step_fast(o_j + t * HD, S, q_j + t * HD, k_j + t * HD, v_j + t * HD, g_j + t * HD,
                                beta_j + t * H, H, D, D, scale);
+          if (logging && t + 1 < Tj) std::copy_n(S, HDD, log->S.data() + t * HDD);
+        }
       } else if (path == KDAPath::Fast) {
         kda_chunk_fast_forward(o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale,
                                kda_mixer_fast_options(dims, saved), saved ? saved->ws : s.ws);
@@ -202,21 +236,22 @@ void kda_forward_segments(R* out, KDAStateT<R>* const* states, const int64_t* se
 #pragma omp parallel for schedule(static) if (T * HD > 65536)
   for (int64_t i = 0; i < T * HD; ++i) y[i] = on[i] * sigmoid(gate_lin[i]);
   linear(out, y, w.o_proj, T, HD, d);
+  if (logging) log->tokens = T;
 }
 
 }  // namespace
 
 template <typename R>
 void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeightsT<R>& w, const KDADims& dims,
-                       int64_t T, KDAPath path, KDAScratchT<R>& s, KDASavedT<R>* saved) {
+                       int64_t T, KDAPath path, KDAScratchT<R>& s, KDASavedT<R>* saved, KDAStepLog* log) {
   KDAStateT<R>* st = &state;
   const int64_t seg[2] = {0, T};
-  kda_forward_segments<R>(out, &st, seg, 1, x, w, dims, T, path, s, saved);
+  kda_forward_segments<R>(out, &st, seg, 1, x, w, dims, T, path, s, saved, log);
 }
 
 void kda_mixer_forward_batch(float* out, KDAState* const* states, const int64_t* seg, int64_t n_seg, const float* x,
                              const KDAWeights& w, const KDADims& dims, KDAPath path, KDAScratch& s) {
-  kda_forward_segments<float>(out, states, seg, n_seg, x, w, dims, seg[n_seg], path, s, nullptr);
+  kda_forward_segments<float>(out, states, seg, n_seg, x, w, dims, seg[n_seg], path, s, nullptr, nullptr);
 }
 
 template struct KDAStateT<float>;
@@ -226,9 +261,10 @@ template struct KDAScratchT<double>;
 template struct KDASavedT<float>;
 template struct KDASavedT<double>;
 template void kda_mixer_forward<float>(float*, KDAStateT<float>&, const float*, const KDAWeightsT<float>&,
-                                       const KDADims&, int64_t, KDAPath, KDAScratchT<float>&, KDASavedT<float>*);
+                                       const KDADims&, int64_t, KDAPath, KDAScratchT<float>&, KDASavedT<float>*,
+                                       KDAStepLog*);
 template void kda_mixer_forward<double>(double*, KDAStateT<double>&, const double*, const KDAWeightsT<double>&,
                                         const KDADims&, int64_t, KDAPath, KDAScratchT<double>&,
-                                        KDASavedT<double>*);
+                                        KDASavedT<double>*, KDAStepLog*);
 
 }  // namespace k3

@@ -83,6 +83,19 @@ struct KDAStateT {
 };
 using KDAState = KDAStateT<float>;
 
+// The state after each token but the last of a multi-token decode call (KDAPath::Steps), kept
+// when `enabled`, so that the call can be cut back to a shorter prefix without computing it
+// again (speculative decoding's rejected drafts, infer/session.h). `tokens` is the logged
+// call's length, 0 when the last call given the log could not log (another path, a batch).
+struct KDAStepLog {
+  bool enabled = false;
+  int64_t tokens = 0;
+  std::vector<float> S;                       // [tokens - 1, H, D, D]: after tokens 1 .. tokens-1
+  std::vector<float> conv_q, conv_k, conv_v;  // [tokens - 1, H*D, K-1]
+  // state = the state after the logged call's first n tokens (1 <= n < tokens).
+  void restore(KDAState& state, int64_t n) const;
+};
+
 enum class KDAPath {
   Recurrent,  // token-by-token reference recurrence (kda_recurrent_forward)
   Chunked,    // reference chunkwise form (kda_chunk_forward, chunk 64)
@@ -161,10 +174,12 @@ using KDAScratch = KDAScratchT<float>;
 // out [T, d] = KDA(x [T, d]); state carried in/out. Without `saved`, T == 1 uses the decode
 // step (kda_decode_step; kda_decode_step_fast on the Fast path; the recurrence in double)
 // whatever the path. With `saved` (training), the call's activations and starting state are
-// stored there for kda_mixer_backward, and T == 1 runs the path's own core.
+// stored there for kda_mixer_backward, and T == 1 runs the path's own core. With `log`
+// (float, no `saved`), a Steps call or a one-token call logs its per-token states there.
 template <typename R>
 void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeightsT<R>& w, const KDADims& dims,
-                       int64_t T, KDAPath path, KDAScratchT<R>& scratch, KDASavedT<R>* saved = nullptr);
+                       int64_t T, KDAPath path, KDAScratchT<R>& scratch, KDASavedT<R>* saved = nullptr,
+                       KDAStepLog* log = nullptr);
 
 // Several sequences in one call (batched decode): rows [seg[j], seg[j+1]) of x [seg[n_seg], d]
 // belong to the sequence whose state is *states[j] (seg[0] = 0). Projections, norms and gates

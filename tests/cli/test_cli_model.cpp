@@ -140,6 +140,16 @@ TEST(CliModel, InitPlainForwardGenerate) {
             std::to_string(greedy[2]));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(r.out, join_ids(library_greedy(dir, ids, 12, greedy[2]), " ") + "\n");
+  // Speculative decoding prints greedy's tokens: drafts from a lookup corpus of greedy's own
+  // continuation are all accepted (a plain step, then two passes of 4 drafted tokens at K = 4).
+  r = k3cpp("generate " + q(dir) + " --ids " + join_ids(ids, ",") + " --max-tokens 12 --ids-out --speculate 4 --lookup-ids " +
+            join_ids(greedy, ","));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(r.out, join_ids(greedy, " ") + "\n");
+  EXPECT_TRUE(has(r.err, "3 passes for 12 tokens") && has(r.err, "8 of 8 drafted tokens accepted")) << r.err;
+  r = k3cpp("generate " + q(dir) + " --ids 1 --ids-out --speculate 2 --lookup-ids 2,256");
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(has(r.err, "--lookup-ids") && has(r.err, "256") && has(r.err, "vocabulary")) << r.err;
   // Sampling with a seed is reproducible.
   const std::string sample = "generate " + q(dir) + " --ids 5,6 --max-tokens 8 --ids-out --temperature 0.9 --top-k 20 --top-p 0.9 --seed 4";
   r = k3cpp(sample);
@@ -256,6 +266,7 @@ TEST(CliModel, BadInputsFailWithTheCulpritNamed) {
   expect_fail("generate " + q(dir) + " --ids 1 --prompt a", {"--ids", "--prompt"});
   expect_fail("generate " + q(dir) + " --ids 1 --top-p 0", {"top-p"});
   expect_fail("generate " + q(dir) + " --prompt hi --kda-path x", {"--kda-path"});
+  expect_fail("generate " + q(dir) + " --ids 1 --lookup-ids 2,3", {"--lookup-ids", "--speculate"});
   expect_fail("init " + tiny_json() + " " + q(t.sub("o")) + " --experts fp8", {"--experts", "fp8"});
   expect_fail("init " + q(t.sub("none.json")) + " " + q(t.sub("o")), {"none.json"});
   EXPECT_FALSE(fs::exists(t.sub("l")));
