@@ -18,15 +18,7 @@ bin=${K3CPP:-build/k3cpp}
 [ -f "$config" ] || { echo "$config: no such run file" >&2; exit 2; }
 mkdir -p "$out"
 # The run file with this seed and its model path made absolute (it is read from OUT).
-python3 - "$config" "$out/run.json" "$seed" <<'PY'
-import json, os, sys
-src, dst, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
-j = json.load(open(src))
-j["seed"] = seed
-j["model"] = os.path.abspath(os.path.join(os.path.dirname(src), j["model"]))
-json.dump(j, open(dst + ".tmp", "w"), indent=1)
-os.replace(dst + ".tmp", dst)
-PY
+python3 tools/run_file_with_seed.py "$config" "$out/run.json" "$seed"
 start=$(date +%s)
 if ! grep -q '"type":"end"' "$out/train/metrics.jsonl" 2>/dev/null; then
   resume=()

@@ -1,6 +1,8 @@
 // Shared by the DistRanks suites (tests/dist): a communicator and data-parallel group, a
 // directory every rank sees, and a training run traced step by step.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <memory>
 #include <sstream>
@@ -54,6 +56,17 @@ struct Trace {
   // gradient buffers at the end of the run, and after gathering them (the probe sees pages).
   int64_t foreign_resident = -1, foreign_resident_synced = -1;
 };
+
+// got's per-step losses, gradient norms and gradient and weight hashes are ref's, bit for bit.
+inline void expect_same_steps(const Trace& got, const Trace& ref, const std::string& name) {
+  ASSERT_EQ(got.loss.size(), ref.loss.size()) << name;
+  for (size_t i = 0; i < ref.loss.size(); ++i) {
+    EXPECT_EQ(got.loss[i], ref.loss[i]) << name << " step " << i + 1;
+    EXPECT_EQ(got.gnorm[i], ref.gnorm[i]) << name << " step " << i + 1;
+    EXPECT_EQ(got.grads_hash[i], ref.grads_hash[i]) << name << " step " << i + 1 << " gradients";
+    EXPECT_EQ(got.weights_hash[i], ref.weights_hash[i]) << name << " step " << i + 1 << " weights";
+  }
+}
 
 // ep (optional): expert parallel over dp's ranks (zero: ZeRO-1 of the trunk). dp_overlap:
 // TrainOptions::dp_overlap (the reduction overlapped with the last backward).

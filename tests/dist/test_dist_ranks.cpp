@@ -271,13 +271,7 @@ TEST(DistRanks, DataParallelTrainingEqualsOneProcessBitwise) {
     if (dp.rank() != 0) continue;
     for (const auto& [how, got] : runs) {
       const std::string name = base_name + ", " + how;
-      ASSERT_EQ(got.loss.size(), ref.loss.size()) << name;
-      for (size_t i = 0; i < ref.loss.size(); ++i) {
-        EXPECT_EQ(got.loss[i], ref.loss[i]) << name << " step " << i + 1;
-        EXPECT_EQ(got.gnorm[i], ref.gnorm[i]) << name << " step " << i + 1;
-        EXPECT_EQ(got.grads_hash[i], ref.grads_hash[i]) << name << " step " << i + 1 << " gradients";
-        EXPECT_EQ(got.weights_hash[i], ref.weights_hash[i]) << name << " step " << i + 1 << " weights";
-      }
+      expect_same_steps(got, ref, name);
       ASSERT_EQ(got.weights.size(), ref.weights.size());
       EXPECT_EQ(0, std::memcmp(got.weights.data(), ref.weights.data(), sizeof(float) * ref.weights.size())) << name;
       EXPECT_TRUE(got.opt_state == ref.opt_state) << name << ": optimiser state";
