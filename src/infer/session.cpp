@@ -74,10 +74,6 @@ void Session::rewind() {
   state_.n_tokens = mark_tokens_;
 }
 
-}  // namespace k3
-
-namespace k3 {
-
 const float* Session::verify(const int32_t* ids, int64_t T) {
   if (T <= 0) fail("verify needs at least one token");
   const ModelDims& d = model_.dims();
