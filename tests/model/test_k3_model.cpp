@@ -9,6 +9,7 @@
 //  - causality (a prefix's logits do not depend on later tokens), last-only logits, bad ids.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -361,15 +362,75 @@ TEST(K3Model, TiedEmbeddingsUseTheEmbeddingAsHead) {
 }
 
 // Chunked == recurrent == fast for remainders around the 16-token tiles and the chunk length 64.
+// A forward with the record (the training forward: the same KDA path choice, and the routing
+// it took is kept): the logits and each MoE layer's experts and scores.
+struct RoutedForward {
+  std::vector<float> logits;
+  std::vector<std::vector<int32_t>> idx;    // per MoE layer [T, k]
+  std::vector<std::vector<float>> scores;  // per MoE layer [T, E]
+};
+
+RoutedForward routed_forward(const K3Model& m, const std::vector<int32_t>& ids, KDAPath path) {
+  RoutedForward out;
+  out.logits.resize(ids.size() * size_t(m.dims().V));
+  DecodeState st = m.new_state();
+  ForwardScratch s;
+  ForwardOptions fo;
+  fo.kda_path = path;
+  ForwardRecord rec;
+  m.forward(out.logits.data(), ids.data(), int64_t(ids.size()), st, s, fo, &rec);
+  for (const LayerRecord& l : rec.layers)
+    if (!l.routing.idx.empty()) {
+      out.idx.push_back(l.routing.idx);
+      out.scores.push_back(l.routing.scores);
+    }
+  return out;
+}
+
+// got equals want within (atol, rtol) at every position before the first token whose top-k
+// experts differ. Two paths that agree to rounding can still pick a different expert where two
+// biased scores tie to within that rounding (seen on AVX-512 at T = 127: one token, 5e-4 in its
+// logits); past that token the outputs legitimately differ. Such a flip passes only if the
+// router scores of that token agree to 1e-5 (a tie, not a wrong input), and at most one token
+// of the sequence may flip.
+void expect_close_up_to_routing_ties(const RoutedForward& got, const RoutedForward& want, int64_t T, int64_t V,
+                                     double atol, double rtol, const std::string& what) {
+  ASSERT_EQ(got.idx.size(), want.idx.size()) << what;
+  int64_t first_flip = T, flips = 0;
+  for (size_t l = 0; l < want.idx.size(); ++l) {
+    const int64_t k = int64_t(want.idx[l].size()) / T, E = int64_t(want.scores[l].size()) / T;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> a(want.idx[l].begin() + t * k, want.idx[l].begin() + (t + 1) * k);
+      std::vector<int32_t> b(got.idx[l].begin() + t * k, got.idx[l].begin() + (t + 1) * k);
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      if (a == b) continue;
+      ++flips;
+      first_flip = std::min(first_flip, t);
+      double worst = 0;
+      for (int64_t e = 0; e < E; ++e)
+        worst = std::max(worst, double(std::abs(got.scores[l][t * E + e] - want.scores[l][t * E + e])));
+      EXPECT_LT(worst, 1e-5) << what << ": MoE layer " << l << " token " << t
+                             << " routed differently with router scores that differ by " << worst;
+    }
+  }
+  EXPECT_LE(flips, 1) << what << ": routing differs at " << flips << " (layer, token) pairs";
+  ASSERT_GT(first_flip, 0) << what << ": nothing left to compare";
+  test::expect_close(got.logits.data(), want.logits.data(), first_flip * V, atol, rtol,
+                     what + " (first " + std::to_string(first_flip) + " positions)");
+}
+
 TEST(K3Model, ChunkedEqualsRecurrentAtModelLevel) {
   const K3Model m(random_store(tiny(2), 4));
+  const int64_t V = m.dims().V;
   for (int64_t T : {1, 2, 3, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129}) {
-    const std::vector<int32_t> ids = make_ids(T, m.dims().V, uint32_t(T));
-    const std::vector<float> rec = full_forward(m, ids, KDAPath::Recurrent);
-    const std::vector<float> chk = full_forward(m, ids, KDAPath::Chunked);
-    const std::vector<float> fst = full_forward(m, ids, KDAPath::Fast);
-    test::expect_close(chk.data(), rec.data(), int64_t(rec.size()), 1e-4, 1e-4, "chunked T=" + std::to_string(T));
-    test::expect_close(fst.data(), rec.data(), int64_t(rec.size()), 1e-4, 1e-4, "fast T=" + std::to_string(T));
+    const std::vector<int32_t> ids = make_ids(T, V, uint32_t(T));
+    const RoutedForward rec = routed_forward(m, ids, KDAPath::Recurrent);
+    const RoutedForward chk = routed_forward(m, ids, KDAPath::Chunked);
+    const RoutedForward fst = routed_forward(m, ids, KDAPath::Fast);
+    ASSERT_FALSE(rec.idx.empty()) << "the model has no MoE layer: nothing routes";
+    expect_close_up_to_routing_ties(chk, rec, T, V, 1e-4, 1e-4, "chunked T=" + std::to_string(T));
+    expect_close_up_to_routing_ties(fst, rec, T, V, 1e-4, 1e-4, "fast T=" + std::to_string(T));
   }
 }
 
