@@ -32,6 +32,7 @@
 #include "machine_peak.h"
 #include "core/dtype.h"
 #include "core/threads.h"
+#include "kernels/blas_core.h"
 #include "kernels/gemm.h"
 #include "kernels/kda.h"
 #include "kernels/kda_fast.h"
@@ -328,12 +329,13 @@ std::pair<double, double> torch_run(int64_t T) {
 void summary(bool with_torch) {
   const double fma = counter("machine/fma_peak/bf16:0", "FLOP/s"), dot = counter("machine/fma_peak/bf16:1", "FLOP/s");
   const double sgemm = counter("machine/sgemm_openblas/2048", "FLOP/s"), bw = counter("machine/mem_rw", "B/s");
-  const char* core = std::getenv("OPENBLAS_CORETYPE");  // OpenBLAS sets it to the kernel it picked
+  blas_choose_core();  // as the products do (kernels/blas_core.h)
+  const std::string core = blas_core_name();
   std::printf("\n=== KDA chunked kernel: summary (H=%ld, D=%ld, %d threads, %s time, load average now %s) ===\n",
               kH, kD, num_threads(), g_cpu_time ? "thread CPU" : "wall", load_avg().c_str());
   std::printf("machine: f32 FMA peak %.1f GFLOP/s, bf16 dot peak %.1f GFLOP/s, OpenBLAS sgemm 2048 %.1f GFLOP/s"
               " (OpenBLAS kernel: %s), memory read+write %.1f GB/s\n",
-              fma / 1e9, dot / 1e9, sgemm / 1e9, core ? core : "default", bw / 1e9);
+              fma / 1e9, dot / 1e9, sgemm / 1e9, core.c_str(), bw / 1e9);
   std::printf("tile products, one thread, GFLOP/s f32 / bf16:");
   for (auto sh : {"M:128/N:128/K:128", "M:64/N:128/K:64", "M:32/N:64/K:128", "M:32/N:16/K:128"})
     std::printf("  %s %.0f / %.0f", sh, counter(std::string("tile/") + sh + "/bf16:0/tri:" + (sh[2] == '6' ? "1" : "0"), "FLOP/s") / 1e9,

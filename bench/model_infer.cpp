@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "core/threads.h"
+#include "kernels/blas_core.h"
 #include "infer/session.h"
 #include "bench_model.h"
 #include "bench_results.h"
@@ -271,10 +272,11 @@ void summary() {
               fs::path(model_dir()).filename().c_str(), long(cfg.hidden_size), long(cfg.num_hidden_layers),
               long(cfg.num_experts), long(cfg.num_experts_per_token), long(cfg.routed_expert_hidden_size),
               num_threads(), g_cpu_time ? "thread CPU" : "wall", bench::load_average().c_str());
-  const char* core = std::getenv("OPENBLAS_CORETYPE");
+  blas_choose_core();  // as the products do (kernels/blas_core.h)
+  const std::string core = blas_core_name();
   std::printf("machine: streaming read %.2f GB/s (mean of the passes %.2f GB/s); OpenBLAS sgemm 2048 %.1f GFLOP/s"
               " (OpenBLAS kernel: %s)\n",
-              bw / 1e9, rate(kMemRead, counter(kMemRead, "bytes")) / 1e9, sgemm / 1e9, core ? core : "default");
+              bw / 1e9, rate(kMemRead, counter(kMemRead, "bytes")) / 1e9, sgemm / 1e9, core.c_str());
   if (bench::results().count(dn)) {
     const double tok_s = counter(dn, "tok/s"), p50 = counter(dn, "p50_ms"), bound = bw / g_decode_bytes;
     std::printf("decode (after a %ld-token prompt, %ld steps): %.2f tok/s = %.2f ms/token mean; median step %.2f ms"

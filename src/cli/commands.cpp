@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "kernels/blas_core.h"
 
 namespace k3::cli {
 
@@ -54,7 +55,8 @@ const Command* find_command(const std::string& name) {
 }
 
 void announce_machine(const char* command) {
-  std::fprintf(stderr, "k3cpp %s: %s\n", command, machine_summary().c_str());
+  blas_choose_core();  // before any product, so that the line names the set the run uses
+  std::fprintf(stderr, "k3cpp %s: %s; OpenBLAS %s\n", command, machine_summary().c_str(), blas_core_name().c_str());
 }
 
 void print_usage(FILE* out) {

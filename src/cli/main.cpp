@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/simd_target.h"
+#include "kernels/blas_core.h"
 
 #ifndef K3_VERSION
 #define K3_VERSION "dev"
@@ -45,7 +46,9 @@ int main(int argc, char** argv) {
   argc = int(kept.size());
   argv = kept.data();
   if (argc >= 2 && (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version"))) {
-    std::printf("k3cpp %s\n%s\n", K3_VERSION, k3::machine_summary().c_str());
+    k3::blas_choose_core();
+    std::printf("k3cpp %s\n%s; OpenBLAS %s\n", K3_VERSION, k3::machine_summary().c_str(),
+                k3::blas_core_name().c_str());
     return 0;
   }
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/blas_core.h"
 #include "kernels/gemv.h"
 
 namespace k3 {
@@ -19,6 +20,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
     gemm_few_rows(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
+  blas_choose_core();
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N),
               int(K), alpha, A, int(lda), B, int(ldb), beta, C, int(ldc));
 }
@@ -33,6 +35,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
   if (!B.is_bf16()) return gemm(ta, tb, M, N, K, alpha, A, lda, B.f, ldb, beta, C, ldc);
   if (M == 0 || N == 0) return;
   if (M <= kGemvMaxRows) return gemm_few_rows_bf16(ta, tb, M, N, K, alpha, A, lda, B.bf16, ldb, beta, C, ldc);
+  blas_choose_core();
   // Panels of about 4 MB of widened weights: columns of C (rows of B) when B is [N, K]
   // (trans_b), else a range of k (rows of B [K, N]) accumulated into C.
   constexpr int64_t kPanelFloats = int64_t(1) << 20;
