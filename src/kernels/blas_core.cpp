@@ -18,7 +18,7 @@ namespace k3 {
 namespace {
 
 // Whether the environment the process started with names OPENBLAS_CORETYPE (the user's
-// choice). getenv cannot tell: Debian's OpenBLAS sets the variable to the core it picked.
+// choice). getenv cannot tell once blas_choose_core has set the variable for the re-selection.
 bool started_with_coretype() {
   std::ifstream f("/proc/self/environ", std::ios::binary);
   const std::string env((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
