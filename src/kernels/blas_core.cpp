@@ -52,9 +52,9 @@ void blas_choose_core() {
   static std::once_flag once;
   std::call_once(once, [] {
     if (!blas_core_selectable()) return;
+    // OpenBLAS picks an AVX-512 set only on a CPU that has it.
     const std::string core = blas_core_name();
-    const bool cpu_avx512 = cpu_simd_features().find("avx512f") != std::string::npos;
-    if (simd_avx512_allowed() || !cpu_avx512 || !blas_core_is_avx512(core)) return;
+    if (simd_avx512_allowed() || !blas_core_is_avx512(core)) return;
     const char* want = "Haswell";
     setenv("OPENBLAS_CORETYPE", want, 1);
     gotoblas_dynamic_quit();

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -21,8 +23,9 @@ TEST(BlasCore, AForcedTargetBelowAvx512KeepsOpenBlasOffAvx512) {
   // The process-wide forcing (K3_SIMD_TARGET, read before main) is what the choice saw; the
   // per-pass target of this test binary (set_simd_target_for_test) comes later.
   const char* forced = std::getenv("K3_SIMD_TARGET");
-  const std::string f = forced ? forced : "";
-  const bool below_avx512 = !f.empty() && f != "avx3" && f != "AVX3" && f != "avx512" && f != "AVX512";
+  std::string f = forced ? forced : "";
+  std::transform(f.begin(), f.end(), f.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+  const bool below_avx512 = !f.empty() && f != "avx3" && f != "avx512";
   if (below_avx512) {
     EXPECT_FALSE(blas_core_is_avx512(blas_core_name())) << "K3_SIMD_TARGET=" << f << " but OpenBLAS runs " << blas_core_name();
   } else {

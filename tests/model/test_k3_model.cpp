@@ -361,7 +361,8 @@ TEST(K3Model, TiedEmbeddingsUseTheEmbeddingAsHead) {
   test::expect_close(got.data(), want.data(), int64_t(want.size()), 2e-5, 2e-4, "tied");
 }
 
-// Chunked == recurrent == fast for remainders around the 16-token tiles and the chunk length 64.
+namespace {
+
 // A forward with the record (the training forward: the same KDA path choice, and the routing
 // it took is kept): the logits and each MoE layer's experts and scores.
 struct RoutedForward {
@@ -420,6 +421,9 @@ void expect_close_up_to_routing_ties(const RoutedForward& got, const RoutedForwa
                      what + " (first " + std::to_string(first_flip) + " positions)");
 }
 
+}  // namespace
+
+// Chunked == recurrent == fast for remainders around the 16-token tiles and the chunk length 64.
 TEST(K3Model, ChunkedEqualsRecurrentAtModelLevel) {
   const K3Model m(random_store(tiny(2), 4));
   const int64_t V = m.dims().V;
