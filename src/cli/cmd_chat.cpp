@@ -56,7 +56,7 @@ chat::Message text_message(chat::Role role, const std::string& text) {
   return m;
 }
 
-const char* kUsage =
+const char* kChatUsage =
     "usage: k3cpp chat <model dir> [--system TEXT] [--effort low|high|max] [--no-think] [--tools FILE]\n"
     "                  [--prompt TEXT] [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]\n"
     "                  [--seed S] [--threads N] [--no-color] [--image FILE]\n"
@@ -125,7 +125,7 @@ int cmd_chat(const std::vector<std::string>& args) {
               "image"}),
          {"no-think", "no-color", "help"}, "chat");
   if (a.flag("help")) {
-    std::fputs((std::string(kUsage) + kRamBudgetUsage).c_str(), stdout);
+    std::fputs((std::string(kChatUsage) + kRamBudgetUsage).c_str(), stdout);
     return 0;
   }
   if (a.positional().size() != 1) fail("expected one <model dir>, got " + std::to_string(a.positional().size()));

@@ -18,7 +18,7 @@
 namespace k3::cli {
 namespace {
 
-const char* kUsage =
+const char* kConvertUsage =
     "usage: k3cpp convert <model dir> <out dir> [--experts plain|mxfp4] [--dtype f32|bf16] [--force]\n"
     "                     [--threads N]\n"
     "  --experts  routed expert storage of the copy: mxfp4 (default; widths must be multiples of 32)\n"
@@ -31,7 +31,7 @@ const char* kUsage =
 int cmd_convert(const std::vector<std::string>& args) {
   Args a(args, {"experts", "dtype", "threads"}, {"force", "help"}, "convert");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kConvertUsage, stdout);
     return 0;
   }
   if (a.positional().size() != 2)

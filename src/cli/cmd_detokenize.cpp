@@ -16,7 +16,7 @@
 namespace k3::cli {
 namespace {
 
-const char* kUsage =
+const char* kDetokenizeUsage =
     "usage: k3cpp detokenize --vocab FILE_OR_DIR (--ids 1,2,3 | --ids-file F) [--raw]\n"
     "  --vocab     a tiktoken.model file, or a directory with tiktoken.model and tokenizer_config.json\n"
     "  --ids       comma-separated token ids\n"
@@ -58,7 +58,7 @@ std::vector<int32_t> parse_ids(const std::string& text, const Tiktoken& tok, con
 int cmd_detokenize(const std::vector<std::string>& args) {
   Args a(args, {"vocab", "ids", "ids-file"}, {"raw", "help"}, "detokenize");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kDetokenizeUsage, stdout);
     return 0;
   }
   if (!a.positional().empty()) fail("unexpected argument '" + a.positional()[0] + "' (see --help)");

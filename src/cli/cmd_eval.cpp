@@ -31,7 +31,7 @@ namespace {
 
 using json = nlohmann::json;
 
-const char* kUsage =
+const char* kEvalUsage =
     "usage: k3cpp eval <model dir> [--data SPEC] [--heldout-every N] [--seq-len N] [--max-tokens N]\n"
     "                  [--batch-tokens N] [--threads N] [--json out.json]\n"
     "                  [--moving-qb [--mqb-lambda L] [--mqb-chunk C]]\n"
@@ -125,7 +125,7 @@ int cmd_eval(const std::vector<std::string>& args) {
   Args a(args, {"data", "heldout-every", "seq-len", "max-tokens", "batch-tokens", "threads", "json", "mqb-lambda", "mqb-chunk"},
          {"help", "moving-qb"}, "eval");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kEvalUsage, stdout);
     return 0;
   }
   if (a.positional().size() != 1) fail("expected one <model dir>, got " + std::to_string(a.positional().size()));

@@ -27,7 +27,7 @@ namespace {
 
 using json = nlohmann::json;
 
-const char* kUsage =
+const char* kEvalLongUsage =
     "usage: k3cpp eval <model dir> --task passkey|mqar|vartrack|mixed|loss-by-position\n"
     "                  [--lengths 1K,2K,...] [--depths 0,0.25,0.5,0.75,1] [--samples N] [--pairs N]\n"
     "                  [--queries N] [--hops N] [--chunk N] [--bucket N] [--data SPEC] [--seed N] [--threads N]\n"
@@ -101,7 +101,7 @@ int cmd_eval_long(const std::vector<std::string>& args) {
           "json", "attn-logn"},
          {"help"}, "eval");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kEvalLongUsage, stdout);
     return 0;
   }
   if (a.positional().size() != 1) fail("expected one <model dir>, got " + std::to_string(a.positional().size()));

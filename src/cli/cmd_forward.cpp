@@ -22,7 +22,7 @@
 namespace k3::cli {
 namespace {
 
-const char* kUsage =
+const char* kForwardUsage =
     "usage: k3cpp forward <model dir> --ids 1,2,3 --logits out.f32 [--threads N]\n"
     "                     [--kda-path fast|chunked|recurrent] [--dequantize] [--f32-weights]\n"
     "                     [--ram-budget GB [--cache-policy s3fifo|lru] [--io auto|direct|buffered] [--disk-gbps X]]\n"
@@ -32,7 +32,7 @@ const char* kUsage =
     "  --dequantize  run MXFP4 routed experts from an f32 copy\n"
     "  --f32-weights widen bf16 dense weights to f32 when loading (default: kept as stored)\n";
 
-std::string usage() { return std::string(kUsage) + kRamBudgetUsage; }
+std::string forward_usage() { return std::string(kForwardUsage) + kRamBudgetUsage; }
 
 }  // namespace
 
@@ -76,7 +76,7 @@ int cmd_forward(const std::vector<std::string>& args) {
   Args a(args, with_ram_budget_options({"ids", "logits", "threads", "kda-path"}), {"dequantize", "f32-weights", "help"},
          "forward");
   if (a.flag("help")) {
-    std::fputs(usage().c_str(), stdout);
+    std::fputs(forward_usage().c_str(), stdout);
     return 0;
   }
   if (a.positional().size() != 1) fail("expected one <model dir>, got " + std::to_string(a.positional().size()));

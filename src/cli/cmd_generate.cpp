@@ -44,7 +44,7 @@ void check_ids_in_vocab(const std::vector<int32_t>& ids, const ModelDir& md, con
 
 namespace {
 
-const char* kUsage =
+const char* kGenerateUsage =
     "usage: k3cpp generate <model dir> (--ids 1,2,3 | --prompt TEXT) [--max-tokens N]\n"
     "                      [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop ID,...]\n"
     "                      [--speculate K [--ngram N] [--lookup-ids 1,2,3]] [--ids-out] [--threads N]\n"
@@ -69,7 +69,7 @@ const char* kUsage =
     "  --ep R         expert parallel, under mpirun -np R: each rank computes 1/R of every layer's\n"
     "                 routed experts (the trunk on every rank); logits equal one process's\n";
 
-std::string usage() { return std::string(kUsage) + kRamBudgetUsage; }
+std::string generate_usage() { return std::string(kGenerateUsage) + kRamBudgetUsage; }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -86,7 +86,7 @@ int cmd_generate(const std::vector<std::string>& args) {
                                   "threads", "speculate", "ngram", "lookup-ids", "ep"}),
          {"ids-out", "help"}, "generate");
   if (a.flag("help")) {
-    std::fputs(usage().c_str(), stdout);
+    std::fputs(generate_usage().c_str(), stdout);
     return 0;
   }
   if (a.positional().size() != 1) fail("expected one <model dir>, got " + std::to_string(a.positional().size()));

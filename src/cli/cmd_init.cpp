@@ -23,7 +23,7 @@
 namespace k3::cli {
 namespace {
 
-const char* kUsage =
+const char* kInitUsage =
     "usage: k3cpp init <config.json> <out dir> --seed N [--experts plain|mxfp4] [--dtype f32|bf16]\n"
     "                  [--force] [--threads N]\n"
     "  --seed     random seed (default 0); the same seed gives the same checkpoint everywhere\n"
@@ -43,7 +43,7 @@ std::string byte_tokenizer_json(int64_t vocab) {
   return j.dump(2) + "\n";
 }
 
-std::string human_bytes(double v) {
+std::string size_text(double v) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
   while (v >= 1024 && u < 4) v /= 1024, ++u;
@@ -57,7 +57,7 @@ std::string human_bytes(double v) {
 int cmd_init(const std::vector<std::string>& args) {
   Args a(args, {"seed", "experts", "dtype", "threads"}, {"force", "help"}, "init");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kInitUsage, stdout);
     return 0;
   }
   if (a.positional().size() != 2)
@@ -103,7 +103,7 @@ int cmd_init(const std::vector<std::string>& args) {
   uint64_t bytes = 0;
   for (const std::string& f : files) bytes += uint64_t(fs::file_size(f, ec));
   std::printf("wrote %s: %lld parameters, %s in %zu safetensors file(s), dense %s, experts %s, seed %lld%s\n",
-              out.c_str(), (long long)total, human_bytes(double(bytes)).c_str(), files.size(), dtype.c_str(),
+              out.c_str(), (long long)total, size_text(double(bytes)).c_str(), files.size(), dtype.c_str(),
               experts.c_str(), seed, so.tokenizer_json.empty() ? " (no tokenizer: vocabulary < 256)" : "");
   return 0;
 }

@@ -30,7 +30,7 @@
 namespace k3::cli {
 namespace {
 
-const char* kUsage =
+const char* kInspectUsage =
     "usage: k3cpp inspect <checkpoint dir | file.safetensors | index.json> [--config config.json]\n"
     "                     [--no-config] [--summary]\n"
     "  --config     check every tensor against this config's parameter table\n"
@@ -52,7 +52,7 @@ std::string dir_of(const std::string& p) {
   return slash == std::string::npos ? "." : p.substr(0, slash);
 }
 
-std::string human_bytes(double v) {
+std::string tensor_bytes_text(double v) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int u = 0;
   while (v >= 1024 && u < 5) { v /= 1024; ++u; }
@@ -196,7 +196,7 @@ void check(const CheckpointReader& ck, const K3Config& cfg, const std::vector<Pa
 int cmd_inspect(const std::vector<std::string>& args) {
   Args a(args, {"config"}, {"no-config", "summary", "help"}, "inspect");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kInspectUsage, stdout);
     return 0;
   }
   if (a.positional().size() > 1)
@@ -264,7 +264,7 @@ int cmd_inspect(const std::vector<std::string>& args) {
   });
 
   std::printf("checkpoint %s: %zu tensors in %zu file(s), %s (%llu bytes)\n", path.c_str(), ck.size(),
-              ck.files().size(), human_bytes(double(total_bytes)).c_str(), (unsigned long long)total_bytes);
+              ck.files().size(), tensor_bytes_text(double(total_bytes)).c_str(), (unsigned long long)total_bytes);
   for (size_t i = 0; i < rows.size();) {
     const int64_t layer = rows[i].layer;
     if (layer < 0) std::printf("\nglobal\n");
@@ -273,12 +273,12 @@ int cmd_inspect(const std::vector<std::string>& args) {
       size_t j = i;
       uint64_t bytes = 0;
       while (j < rows.size() && rows[j].layer == layer && rows[j].group == rows[i].group) bytes += rows[j++].info->nbytes;
-      std::printf("  %-16s %6zu tensor(s) %12s\n", rows[i].group.c_str(), j - i, human_bytes(double(bytes)).c_str());
+      std::printf("  %-16s %6zu tensor(s) %12s\n", rows[i].group.c_str(), j - i, tensor_bytes_text(double(bytes)).c_str());
       if (!a.flag("summary"))
         for (size_t k = i; k < j; ++k) {
           const TensorInfo& ti = *rows[k].info;
           std::printf("    %-72s %-5s %-16s %10s\n", ti.name.c_str(), dtype_name(ti.dtype), shape_str(ti.shape).c_str(),
-                      human_bytes(double(ti.nbytes)).c_str());
+                      tensor_bytes_text(double(ti.nbytes)).c_str());
         }
       i = j;
     }

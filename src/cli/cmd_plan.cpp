@@ -19,7 +19,7 @@ namespace {
 
 using json = nlohmann::json;
 
-const char* kUsage =
+const char* kPlanUsage =
     "usage: k3cpp plan <config.json> [--storage bf16|mxfp4] [--context L] [--batch B]\n"
     "                  [--gpus N --gpu-mem GiB] [--ram-budget GB --disk-gbps X [--prefill-tokens T]]\n"
     "                  [--dp N [--qb-bins B] [--ep E]] [--json]\n"
@@ -73,7 +73,7 @@ int cmd_plan(const std::vector<std::string>& args) {
                 "qb-bins", "ep"},
          {"json", "help"}, "plan");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kPlanUsage, stdout);
     return 0;
   }
   if (a.positional().size() > 1) fail("expected one config file, got " + std::to_string(a.positional().size()));

@@ -19,7 +19,7 @@
 namespace k3::cli {
 
 namespace {
-const char* kUsage =
+const char* kRlUsage =
     "usage: k3cpp rl --config rl.json --out DIR [--resume] [--steps N] [--quiet]\n"
     "       k3cpp rl --config rl.json --eval MODEL_DIR [--tool-share X] [--samples K]\n"
     "  --config      model (the SFT model directory), task (arithmetic | image_arithmetic: rendered\n"
@@ -43,7 +43,7 @@ const char* kUsage =
 int cmd_rl(const std::vector<std::string>& args) {
   Args a(args, {"config", "out", "steps", "eval", "tool-share", "samples"}, {"resume", "quiet", "help"}, "rl");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kRlUsage, stdout);
     return 0;
   }
   if (!a.positional().empty()) fail("unexpected argument '" + a.positional()[0] + "' (see k3cpp rl --help)");

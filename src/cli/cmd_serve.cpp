@@ -37,7 +37,7 @@ namespace k3::cli {
 
 namespace {
 
-const char* kUsage =
+const char* kServeUsage =
     "usage: k3cpp serve <model dir> [--host 127.0.0.1] [--port 8080] [--parallel N] [--ctx N]\n"
     "                   [--api-key KEY] [--threads N] [--queue-limit N] [--state-budget-mb N]\n"
     "                   [--prefill-chunk N] [--no-prefix-cache] [--drain-s S] [--model-name NAME]\n"
@@ -120,7 +120,7 @@ int cmd_serve(const std::vector<std::string>& args) {
                                   "comm-timeout"}),
          {"no-prefix-cache", "help"}, "serve");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kServeUsage, stdout);
     std::fputs(kRamBudgetUsage, stdout);
     return 0;
   }

@@ -13,7 +13,7 @@
 namespace k3::cli {
 
 namespace {
-const char* kUsage =
+const char* kSftUsage =
     "usage: k3cpp sft --config sft.json --out DIR [--resume] [--steps N] [--quiet]\n"
     "  --config   model (pretrained model directory with tiktoken vocabulary), data (JSONL of chat\n"
     "             requests) or arithmetic {digits, ops, efforts, tool_share, problems, seed}, steps,\n"
@@ -30,7 +30,7 @@ const char* kUsage =
 int cmd_sft(const std::vector<std::string>& args) {
   Args a(args, {"config", "out", "steps"}, {"resume", "quiet", "help"}, "sft");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kSftUsage, stdout);
     return 0;
   }
   if (!a.positional().empty()) fail("unexpected argument '" + a.positional()[0] + "' (see k3cpp sft --help)");

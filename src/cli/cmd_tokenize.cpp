@@ -17,7 +17,7 @@
 namespace k3::cli {
 namespace {
 
-const char* kUsage =
+const char* kTokenizeUsage =
     "usage: k3cpp tokenize --vocab FILE_OR_DIR [--pattern kimi|cl100k|o200k] (--text T | --file F)\n"
     "                      [--allow-special] [--ids-out FILE]\n"
     "  --vocab          a tiktoken.model file, or a directory with tiktoken.model and\n"
@@ -41,7 +41,7 @@ std::string read_file(const std::string& path) {
 int cmd_tokenize(const std::vector<std::string>& args) {
   Args a(args, {"vocab", "pattern", "text", "file", "ids-out"}, {"allow-special", "help"}, "tokenize");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kTokenizeUsage, stdout);
     return 0;
   }
   if (!a.positional().empty()) fail("unexpected argument '" + a.positional()[0] + "' (see --help)");

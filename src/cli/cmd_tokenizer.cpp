@@ -17,7 +17,7 @@
 namespace k3::cli {
 namespace {
 
-const char* kUsage =
+const char* kTokenizerUsage =
     "usage: k3cpp tokenizer train --corpus FILE --vocab-size N --out DIR [--pattern kimi|cl100k|o200k]\n"
     "                             [--min-frequency F]\n"
     "  --corpus         training text (bytes; invalid UTF-8 becomes U+FFFD)\n"
@@ -32,7 +32,7 @@ const char* kUsage =
 int cmd_tokenizer(const std::vector<std::string>& args) {
   Args a(args, {"corpus", "vocab-size", "out", "pattern", "min-frequency"}, {"help"}, "tokenizer");
   if (a.flag("help") || a.positional().empty()) {
-    std::fputs(kUsage, a.flag("help") ? stdout : stderr);
+    std::fputs(kTokenizerUsage, a.flag("help") ? stdout : stderr);
     return a.flag("help") ? 0 : 2;
   }
   if (a.positional()[0] != "train" || a.positional().size() != 1)

@@ -46,7 +46,7 @@
 namespace k3::cli {
 namespace {
 
-const char* kUsage =
+const char* kTrainUsage =
     "usage: k3cpp train --config run.json --out DIR [--resume] [--steps N] [--threads N] [--quiet]\n"
     "       mpirun -np N k3cpp train ... --dp N [--zero 0|1] [--backend mpi|nccl] [--comm-timeout S]\n"
     "             [--bucket-mb M] [--dp-overlap on|off] [--dp-overlap-inflight B]\n"
@@ -204,7 +204,7 @@ int cmd_train(const std::vector<std::string>& args) {
           "dp-overlap", "dp-overlap-inflight"},
          {"resume", "quiet", "help"}, "train");
   if (a.flag("help")) {
-    std::fputs(kUsage, stdout);
+    std::fputs(kTrainUsage, stdout);
     return 0;
   }
   if (!a.positional().empty()) fail("unexpected argument '" + a.positional()[0] + "' (see k3cpp train --help)");

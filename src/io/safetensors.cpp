@@ -235,10 +235,6 @@ bool is_directory(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
@@ -401,7 +397,7 @@ CheckpointReader CheckpointReader::open(const std::string& path, HeaderParse par
   if (is_directory(path)) {
     dir = path;
     if (is_regular_file(join_path(dir, "model.safetensors.index.json"))) index = join_path(dir, "model.safetensors.index.json");
-  } else if (ends_with(path, ".json") && is_regular_file(path)) {
+  } else if (path.ends_with(".json") && is_regular_file(path)) {
     index = path;
     size_t slash = path.find_last_of('/');
     dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
@@ -441,7 +437,7 @@ CheckpointReader CheckpointReader::open(const std::string& path, HeaderParse par
       checked[ix] = true;
       const std::string& fn = map_files[ix];
       if (fn.empty() || fn[0] == '/' || fn == ".." || fn.rfind("../", 0) == 0 || fn.find("/../") != std::string::npos ||
-          ends_with(fn, "/.."))
+          fn.ends_with("/.."))
         fail_input(index, "weight_map " + tensor_field(name), "file name " + json_quoted(fn) + " is not a path inside the checkpoint directory");
       if (!is_regular_file(join_path(dir, fn)))
         fail_input(index, "weight_map " + tensor_field(name), "file " + json_quoted(fn) + " does not exist in " + dir);
@@ -451,7 +447,7 @@ CheckpointReader CheckpointReader::open(const std::string& path, HeaderParse par
     std::error_code ec;
     for (const auto& de : std::filesystem::directory_iterator(dir, ec)) {
       const std::string fn = de.path().filename().string();
-      if (ends_with(fn, ".safetensors") && is_regular_file(join_path(dir, fn))) shard_names.push_back(fn);
+      if (fn.ends_with(".safetensors") && is_regular_file(join_path(dir, fn))) shard_names.push_back(fn);
     }
     if (ec) fail(std::string("cannot list directory '") + dir + "': " + ec.message());
     if (shard_names.empty()) fail_input(dir, "", "contains neither model.safetensors.index.json nor any *.safetensors file");

@@ -24,7 +24,6 @@ namespace {
 
 bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
-bool starts_with(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
 // Checks dtype class and shape of one stored tensor; the message names the tensor, the file,
 // the expected and the found value.
@@ -180,7 +179,7 @@ WeightStore load_weights(const CheckpointReader& ck, const K3Config& cfg, const 
   }
   // A language-model tensor that the config does not have means checkpoint and config disagree.
   for (const std::string& n : ck.names()) {
-    if (!starts_with(n, "language_model.")) continue;
+    if (!n.starts_with("language_model.")) continue;
     std::string base = mxfp4_weight_name(n);
     if (base.empty()) base = n;
     if (const std::string rel = released_param_name(base); !rel.empty()) {

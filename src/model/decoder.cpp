@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/grow.h"
 #include "kernels/attn_res.h"
 #include "kernels/norm.h"
 #include "model/dense_ffn.h"
@@ -14,11 +15,6 @@
 namespace k3 {
 
 namespace {
-
-template <typename V>
-void grow(V& v, int64_t n) {
-  if (v.size() < size_t(n)) v.resize(size_t(n));
-}
 
 // y += x over n values.
 template <typename R>

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/grow.h"
 #include "kernels/attn_res.h"
 #include "kernels/norm.h"
 #include "model/decoder.h"
@@ -16,11 +17,6 @@
 namespace k3 {
 
 namespace {
-
-template <typename V>
-void grow(V& v, int64_t n) {
-  if (v.size() < size_t(n)) v.resize(size_t(n));
-}
 
 // Backward of one AttnRes read x = AttnRes(blocks[0, nb) + [partial]) (or x = partial when
 // nb == 0): the sources' gradients (bg's first nb blocks and dpartial) accumulate dx's

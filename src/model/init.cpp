@@ -10,10 +10,6 @@ namespace k3 {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // splitmix64 (Steele, Lea, Flood 2014): the stream every draw comes from.
 struct SplitMix64 {
   uint64_t state;
@@ -67,14 +63,14 @@ const char* init_rule_name(InitRule r) {
 
 InitRule init_rule(const ParamSpec& s) {
   const std::string& n = s.name;
-  if (ends_with(n, "_res_proj.weight") || ends_with(n, "e_score_correction_bias")) return InitRule::Zeros;
-  if (ends_with(n, ".A_log")) return InitRule::ALog;
-  if (ends_with(n, ".dt_bias")) return InitRule::DtBias;
-  if (ends_with(n, "_conv1d.weight")) return InitRule::ConvUniform;
+  if (n.ends_with("_res_proj.weight") || n.ends_with("e_score_correction_bias")) return InitRule::Zeros;
+  if (n.ends_with(".A_log")) return InitRule::ALog;
+  if (n.ends_with(".dt_bias")) return InitRule::DtBias;
+  if (n.ends_with("_conv1d.weight")) return InitRule::ConvUniform;
   if (s.shape.size() == 1) return InitRule::Ones;  // every other vector is an RMSNorm gain
-  if (ends_with(n, "self_attn.o_proj.weight") || ends_with(n, "mlp.down_proj.weight") ||
-      ends_with(n, "shared_experts.down_proj.weight") || ends_with(n, "routed_expert_up_proj.weight") ||
-      (s.component == Component::RoutedExperts && ends_with(n, ".w2.weight")))
+  if (n.ends_with("self_attn.o_proj.weight") || n.ends_with("mlp.down_proj.weight") ||
+      n.ends_with("shared_experts.down_proj.weight") || n.ends_with("routed_expert_up_proj.weight") ||
+      (s.component == Component::RoutedExperts && n.ends_with(".w2.weight")))
     return InitRule::ScaledNormal;
   return InitRule::Normal;
 }

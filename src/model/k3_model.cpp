@@ -7,17 +7,13 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/grow.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
 
 namespace k3 {
 
 namespace {
-
-template <typename V>
-void grow(V& v, int64_t n) {
-  if (v.size() < size_t(n)) v.resize(size_t(n));
-}
 
 // Builds one layer's views; `P(name)` gives a parameter's f32 pointer, `X(name_fn)` a routed
 // expert matrix (name_fn() builds its name: shape-only binders never pay for the strings).

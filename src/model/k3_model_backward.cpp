@@ -6,21 +6,13 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/grow.h"
 #include "kernels/attn_res.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
 #include "model/k3_model.h"
 
 namespace k3 {
-
-namespace {
-
-template <typename V>
-void grow(V& v, int64_t n) {
-  if (v.size() < size_t(n)) v.resize(size_t(n));
-}
-
-}  // namespace
 
 template <typename R>
 void K3ModelT<R>::backward(R* grads, const R* dlogits, const int32_t* ids, const ForwardRecordT<R>& rec,

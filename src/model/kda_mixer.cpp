@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/grow.h"
 #include "kernels/activations.h"
 #include "kernels/gemm.h"
 #include "kernels/kda.h"
@@ -15,13 +16,6 @@
 #include "kernels/shortconv.h"
 
 namespace k3 {
-
-namespace {
-template <typename R>
-void grow(std::vector<R>& v, int64_t n) {
-  if (int64_t(v.size()) < n) v.resize(size_t(n));
-}
-}  // namespace
 
 KDAFastOptions kda_mixer_fast_options(const KDADims& dims, bool save) {
   KDAFastOptions opt;

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/grow.h"
 #include "kernels/activations.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
@@ -32,11 +33,6 @@ void MLACacheT<R>::truncate(int64_t keep, const MLADims& dims) {
   c_kv.resize(size_t(keep * dims.kv_lora));
   k_rope.resize(size_t(keep * dims.rope));
   n = keep;
-}
-
-template <typename R>
-static void grow(std::vector<R>& v, int64_t n) {
-  if (v.size() < size_t(n)) v.resize(size_t(n));
 }
 
 template <typename R>

@@ -7,22 +7,13 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/grow.h"
 #include "kernels/activations.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
 #include "model/mla_mixer.h"
 
 namespace k3 {
-
-namespace {
-
-template <typename R>
-void grow(std::vector<R>& v, int64_t n) {
-  if (v.size() < size_t(n)) v.resize(size_t(n));
-}
-
-
-}  // namespace
 
 template <typename R>
 void mla_mixer_backward(R* dx, const MLAGradsT<R>& gr, const R* dout, const MLASavedT<R>& sv,

@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "core/error.h"
+#include "core/grow.h"
 #include "kernels/activations.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
@@ -16,11 +17,6 @@
 namespace k3 {
 
 namespace {
-
-template <typename R>
-void grow(std::vector<R>& v, int64_t n) {
-  if (v.size() < size_t(n)) v.resize(size_t(n));
-}
 
 template <typename R>
 void check_dims(const LatentMoEWeightsT<R>& w, const LatentMoEDims& dm) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/grow.h"
 #include "kernels/activations.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
@@ -18,11 +19,6 @@
 namespace k3 {
 
 namespace {
-
-template <typename R>
-void grow(std::vector<R>& v, int64_t n) {
-  if (v.size() < size_t(n)) v.resize(size_t(n));
-}
 
 
 template <typename R>

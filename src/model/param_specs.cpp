@@ -127,10 +127,6 @@ bool is_vision_tensor_name(const std::string& name) {
   return name.rfind(kVisionTowerPrefix, 0) == 0 || name.rfind(kMmProjectorPrefix, 0) == 0;
 }
 
-static bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 bool is_routed_expert_weight(const std::string& name) {
   // "...block_sparse_moe.experts.<digits>.w<1|2|3>.weight"
   static const std::string key = "block_sparse_moe.experts.";
@@ -148,7 +144,7 @@ std::string mxfp4_scale_name(const std::string& weight_name) { return weight_nam
 
 std::string mxfp4_weight_name(const std::string& stored_name) {
   for (const char* suffix : {"_packed", "_scale"}) {
-    if (ends_with(stored_name, suffix)) {
+    if (stored_name.ends_with(suffix)) {
       std::string base = stored_name.substr(0, stored_name.size() - std::string(suffix).size());
       if (is_routed_expert_weight(base)) return base;
     }

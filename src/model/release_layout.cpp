@@ -13,10 +13,6 @@ namespace k3 {
 
 namespace {
 
-bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
-bool ends_with(const std::string& s, const std::string& x) {
-  return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
-}
 bool is_float(DType t) { return t == DType::F32 || t == DType::BF16 || t == DType::F16; }
 
 }  // namespace
@@ -41,7 +37,7 @@ std::string legacy_names_notice(const CheckpointReader& ck, const std::vector<Pa
 }
 
 bool is_padded_a_log(const ParamSpec& spec, const Shape& stored) {
-  return ends_with(spec.name, ".A_log") && spec.shape.size() == 1 && stored.size() == 1 && stored[0] > spec.shape[0];
+  return spec.name.ends_with(".A_log") && spec.shape.size() == 1 && stored.size() == 1 && stored[0] > spec.shape[0];
 }
 
 Tensor unpad_a_log(const CheckpointReader& ck, const std::string& stored_name, const ParamSpec& spec) {
@@ -77,12 +73,12 @@ VisionTensors check_vision_tensors(const CheckpointReader& ck, const K3Config& c
   const std::string bp = kVisionTowerPrefix + "encoder.blocks.";
   for (const std::string& n : ck.names()) {
     if (!is_vision_tensor_name(n)) continue;
-    (starts_with(n, kVisionTowerPrefix) ? vt.tower : vt.projector) += 1;
+    (n.starts_with(kVisionTowerPrefix) ? vt.tower : vt.projector) += 1;
     if (!v.present) continue;
     const TensorInfo& ti = ck.info(n);
     const int64_t Dv = v.hidden_size, I = v.intermediate_size, Q = v.qkv_hidden_size;
     const std::string vh = "vision_config.vt_hidden_size " + std::to_string(Dv);
-    if (starts_with(n, bp)) {
+    if (n.starts_with(bp)) {
       size_t j = bp.size();
       while (j < n.size() && n[j] >= '0' && n[j] <= '9') ++j;
       if (j == bp.size() || j - bp.size() > 9 || j >= n.size() || n[j] != '.')

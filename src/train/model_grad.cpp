@@ -7,16 +7,12 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/grow.h"
 #include "kernels/router.h"
 
 namespace k3 {
 
 namespace {
-
-template <typename V>
-void grow(V& v, int64_t n) {
-  if (v.size() < size_t(n)) v.resize(size_t(n));
-}
 
 // Targets are tokens[1, T]; the inputs are checked by the forward.
 void check_targets(const int32_t* tokens, int64_t T, int64_t V) {

@@ -48,10 +48,6 @@ bool is_file(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
@@ -319,7 +315,7 @@ void Trainer::Impl::setup() {
   if (vision)
     for (ParamRef& p : vision->optimizer_params(run.optimizer == "muon")) refs.push_back(p);
   for (const ParamRef& p : refs)
-    lr_scale.push_back(ends_with(p.name, ".block_sparse_moe.gate.weight") ? run.router_lr_scale : 1.0);
+    lr_scale.push_back(p.name.ends_with(".block_sparse_moe.gate.weight") ? run.router_lr_scale : 1.0);
   state_off.assign(refs.size() + 1, 0);
   for (size_t i = 0; i < refs.size(); ++i) state_off[i + 1] = state_off[i] + 2 * refs[i].rows * refs[i].cols;
   n_trained = state_off.back() / 2;

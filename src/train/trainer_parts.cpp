@@ -10,14 +10,6 @@
 
 namespace k3 {
 
-namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-}  // namespace
-
 std::vector<ParamRef> optimizer_params(WeightStore& w, float* grads, bool muon) {
   const ParamLayout& lay = w.layout();
   const K3Config& c = w.config();
@@ -26,7 +18,7 @@ std::vector<ParamRef> optimizer_params(WeightStore& w, float* grads, bool muon) 
   out.reserve(lay.size());
   for (size_t i = 0; i < lay.size(); ++i) {
     const ParamSpec& s = lay.spec(i);
-    if (ends_with(s.name, "gate.e_score_correction_bias")) continue;  // the balancer's
+    if (s.name.ends_with("gate.e_score_correction_bias")) continue;  // the balancer's
     ParamRef p;
     p.name = s.name;
     p.w = w.param(i);
@@ -42,9 +34,9 @@ std::vector<ParamRef> optimizer_params(WeightStore& w, float* grads, bool muon) 
     if (muon && matrix && !adamw_matrix) {
       p.kind = OptKind::Muon;
       if (s.component == Component::KDA &&
-          (ends_with(s.name, ".q_proj.weight") || ends_with(s.name, ".k_proj.weight") || ends_with(s.name, ".v_proj.weight")))
+          (s.name.ends_with(".q_proj.weight") || s.name.ends_with(".k_proj.weight") || s.name.ends_with(".v_proj.weight")))
         p.heads = c.kda_num_heads;
-      if (s.component == Component::MLA && (ends_with(s.name, ".q_b_proj.weight") || ends_with(s.name, ".kv_b_proj.weight")))
+      if (s.component == Component::MLA && (s.name.ends_with(".q_b_proj.weight") || s.name.ends_with(".kv_b_proj.weight")))
         p.heads = c.num_attention_heads;
     }
     out.push_back(std::move(p));

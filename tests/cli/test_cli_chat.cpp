@@ -20,8 +20,9 @@ using k3::test::RunResult;
 
 namespace {
 
-const std::string kFixture = k3::test::data_path("k3-release-tiny");
-std::string q(const std::string& s) { return k3::test::shell_quote(s); }
+using k3::test::kReleaseTiny;
+
+using k3::test::q;
 
 struct Turn {
   long long new_tokens = -1, cached = -1, generated = -1;
@@ -39,7 +40,7 @@ std::vector<Turn> turns(const std::string& err) {
 }  // namespace
 
 TEST(CliChat, OneTurnFromPrompt) {
-  const RunResult r = k3::test::run_k3cpp("chat " + q(kFixture) + " --prompt 'Hello there' --max-tokens 6 --temperature 0");
+  const RunResult r = k3::test::run_k3cpp("chat " + q(kReleaseTiny) + " --prompt 'Hello there' --max-tokens 6 --temperature 0");
   ASSERT_EQ(r.rc, 0) << r.err;
   const std::vector<Turn> t = turns(r.err);
   ASSERT_EQ(t.size(), 1u) << r.err;
@@ -53,7 +54,7 @@ TEST(CliChat, OneTurnFromPrompt) {
 TEST(CliChat, SecondTurnReusesTheSession) {
   k3::test::TempDir d("k3_chat");
   std::ofstream(d.sub("in.txt")) << "Hello there\nAnd once more\n";
-  const RunResult r = k3::test::run_k3cpp("chat " + q(kFixture) + " --max-tokens 5 --temperature 0 --no-color < " +
+  const RunResult r = k3::test::run_k3cpp("chat " + q(kReleaseTiny) + " --max-tokens 5 --temperature 0 --no-color < " +
                                           q(d.sub("in.txt")));
   ASSERT_EQ(r.rc, 0) << r.err;
   const std::vector<Turn> t = turns(r.err);
@@ -72,12 +73,12 @@ TEST(CliChat, SecondTurnReusesTheSession) {
 }
 
 TEST(CliChat, BadInputFailsInOneLine) {
-  RunResult r = k3::test::run_k3cpp("chat " + q(kFixture) + " --prompt hi --effort extreme");
+  RunResult r = k3::test::run_k3cpp("chat " + q(kReleaseTiny) + " --prompt hi --effort extreme");
   EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.err.find("--effort"), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   k3::test::TempDir d("k3_chat_notok");
-  for (const auto& e : fs::directory_iterator(kFixture))
+  for (const auto& e : fs::directory_iterator(kReleaseTiny))
     if (e.path().filename() != "tiktoken.model") fs::create_symlink(e.path(), d.sub(e.path().filename().string()));
   r = k3::test::run_k3cpp("chat " + q(d.path) + " --prompt hi");
   EXPECT_EQ(r.rc, 1);

@@ -21,8 +21,9 @@ using k3::test::RunResult;
 
 namespace {
 
-const std::string kFixture = k3::test::data_path("k3-release-tiny");
-std::string q(const std::string& s) { return k3::test::shell_quote(s); }
+using k3::test::kReleaseTiny;
+
+using k3::test::q;
 
 std::vector<long long> new_tokens(const std::string& err) {
   std::vector<long long> out;
@@ -44,7 +45,7 @@ void write_image(const std::string& path) {
 TEST(CliChatImage, FlagAndCommandAttachTheImage) {
   k3::test::TempDir d("k3_chat_image");
   write_image(d.sub("a.png"));
-  const std::string base = "chat " + q(kFixture) + " --max-tokens 4 --temperature 0 --no-color";
+  const std::string base = "chat " + q(kReleaseTiny) + " --max-tokens 4 --temperature 0 --no-color";
   const RunResult plain = k3::test::run_k3cpp(base + " --prompt 'Hello there'");
   const RunResult with = k3::test::run_k3cpp(base + " --prompt 'Hello there' --image " + q(d.sub("a.png")));
   ASSERT_EQ(plain.rc, 0) << plain.err;
@@ -74,15 +75,15 @@ TEST(CliChatImage, BadImageOrNoVisionFailsInOneLine) {
   k3::test::TempDir d("k3_chat_image");
   write_image(d.sub("a.png"));
   const RunResult missing =
-      k3::test::run_k3cpp("chat " + q(kFixture) + " --prompt hi --image " + q(d.sub("nope.png")));
+      k3::test::run_k3cpp("chat " + q(kReleaseTiny) + " --prompt hi --image " + q(d.sub("nope.png")));
   EXPECT_EQ(missing.rc, 1);
   EXPECT_NE(missing.err.find("nope.png"), std::string::npos) << missing.err;
   // The fixture without its vision_config (weights linked).
   const std::string nv = d.sub("novision");
   fs::create_directory(nv);
-  for (const auto& e : fs::directory_iterator(kFixture))
+  for (const auto& e : fs::directory_iterator(kReleaseTiny))
     if (e.path().filename() != "config.json") fs::create_symlink(fs::absolute(e.path()), nv + "/" + e.path().filename().string());
-  std::ifstream in(kFixture + "/config.json");
+  std::ifstream in(kReleaseTiny + "/config.json");
   nlohmann::json cfg = nlohmann::json::parse(in);
   cfg.erase("vision_config");
   std::ofstream(nv + "/config.json") << cfg.dump(2);

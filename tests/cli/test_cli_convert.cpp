@@ -21,9 +21,9 @@ using k3::test::slurp;
 
 namespace {
 
-std::string q(const std::string& s) { return k3::test::shell_quote(s); }
-RunResult k3cpp(const std::string& args) { return k3::test::run_k3cpp(args); }
-bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using k3::test::q;
+using k3::test::k3cpp;
+using k3::test::has;
 
 std::vector<float> floats(const std::string& bytes) {
   std::vector<float> v(bytes.size() / 4);

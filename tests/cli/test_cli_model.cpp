@@ -40,13 +40,13 @@ namespace {
 
 using k3::test::RunResult;
 using k3::test::slurp;
-struct TempDir : k3::test::TempDir {
-  TempDir() : k3::test::TempDir("k3_cli_model") {}
+struct ModelTempDir : k3::test::TempDir {
+  ModelTempDir() : k3::test::TempDir("k3_cli_model") {}
 };
-std::string q(const std::string& s) { return k3::test::shell_quote(s); }
-RunResult k3cpp(const std::string& args) { return k3::test::run_k3cpp(args); }
+using k3::test::q;
+using k3::test::k3cpp;
 
-bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using k3::test::has;
 std::string tiny_json() { return q(std::string(K3_SOURCE_DIR) + "/configs/tiny.json"); }
 
 // A 4-layer config with expert width 64 (MXFP4-compatible) and vocabulary 260 (bytes + the
@@ -109,7 +109,7 @@ void check_forward(const std::string& dir, const std::vector<int32_t>& ids, cons
 }  // namespace
 
 TEST(CliModel, InitPlainForwardGenerate) {
-  TempDir t;
+  ModelTempDir t;
   const std::string dir = t.sub("tiny");
   RunResult r = k3cpp("init " + tiny_json() + " " + q(dir) + " --seed 7");
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -165,7 +165,7 @@ TEST(CliModel, InitPlainForwardGenerate) {
 }
 
 TEST(CliModel, InitMxfp4ForwardGenerateText) {
-  TempDir t;
+  ModelTempDir t;
   const std::string cfg = write_mx_config(t.path), dir = t.sub("mx");
   RunResult r = k3cpp("init " + q(cfg) + " " + q(dir) + " --seed 3 --experts mxfp4 --dtype bf16");
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -202,7 +202,7 @@ TEST(CliModel, InitMxfp4ForwardGenerateText) {
 // are lone UTF-8 lead or continuation bytes, yet stdout is valid UTF-8 and equals the full
 // decode of the same ids.
 TEST(CliModel, GeneratePromptUsesTheDirsTiktokenAndStreamsWholeCharacters) {
-  TempDir t;
+  ModelTempDir t;
   K3Config c = load_config(write_mx_config(t.path));  // 4 layers
   c.vocab_size = 512;
   const std::string cfg = t.sub("cfg.json"), dir = t.sub("m");
@@ -245,7 +245,7 @@ TEST(CliModel, GeneratePromptUsesTheDirsTiktokenAndStreamsWholeCharacters) {
 }
 
 TEST(CliModel, BadInputsFailWithTheCulpritNamed) {
-  TempDir t;
+  ModelTempDir t;
   const std::string dir = t.sub("m");
   ASSERT_EQ(k3cpp("init " + tiny_json() + " " + q(dir) + " --seed 1").rc, 0);
   auto expect_fail = [](const std::string& args, const std::vector<std::string>& pieces) {

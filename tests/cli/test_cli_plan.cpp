@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/cli_run.h"
 #include "core/tensor.h"
 #include "io/config.h"
 #include "io/safetensors.h"
@@ -25,52 +26,13 @@ using nlohmann::json;
 
 namespace {
 
-struct RunResult {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-// A temporary directory removed at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3_cli_plan_XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-    EXPECT_FALSE(path.empty());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-// Runs `k3cpp <args>`; stdout captured through popen, stderr through a file.
-RunResult k3cpp(const std::string& args) {
-  TempDir t;
-  const std::string err_file = t.path + "/stderr";
-  const std::string cmd = std::string("'") + K3_CLI_PATH + "' " + args + " 2>'" + err_file + "'";
-  RunResult r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) {
-    ADD_FAILURE() << "popen failed: " << cmd;
-    return r;
-  }
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int status = ::pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.err = slurp(err_file);
-  return r;
-}
+using k3::test::has;
+using k3::test::k3cpp;
+using k3::test::RunResult;
+using k3::test::slurp;
+using k3::test::TempDir;
 
 std::string src(const std::string& rel) { return std::string("'") + K3_SOURCE_DIR + "/" + rel + "'"; }
-bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
 
 }  // namespace
 

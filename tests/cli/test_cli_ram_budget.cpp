@@ -20,9 +20,9 @@ using k3::test::slurp;
 
 namespace {
 
-std::string q(const std::string& s) { return k3::test::shell_quote(s); }
-RunResult k3cpp(const std::string& args) { return k3::test::run_k3cpp(args); }
-bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using k3::test::q;
+using k3::test::k3cpp;
+using k3::test::has;
 
 // A 4-layer MXFP4-compatible config (expert width 64), bf16 dense weights, MXFP4 experts.
 std::string make_model(const k3::test::TempDir& t) {

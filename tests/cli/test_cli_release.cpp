@@ -25,12 +25,13 @@ using k3::test::RunResult;
 
 namespace {
 
-const std::string kFixture = k3::test::data_path("k3-release-tiny");
+using k3::test::kReleaseTiny;
+
 const std::string kALog1 = layer_prefix(1) + "self_attn.A_log";
 
-std::string q(const std::string& s) { return k3::test::shell_quote(s); }
-RunResult k3cpp(const std::string& args) { return k3::test::run_k3cpp(args); }
-bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using k3::test::q;
+using k3::test::k3cpp;
+using k3::test::has;
 int64_t lines_with(const std::string& text, const std::string& sub) {
   int64_t n = 0;
   size_t start = 0;
@@ -47,7 +48,7 @@ int64_t lines_with(const std::string& text, const std::string& sub) {
 // model.safetensors beside the fixture's config.json.
 template <typename Edit>
 std::string rewrite(const k3::test::TempDir& t, const std::string& name, Edit edit) {
-  const CheckpointReader ck = CheckpointReader::open(kFixture);
+  const CheckpointReader ck = CheckpointReader::open(kReleaseTiny);
   std::vector<std::pair<std::string, Tensor>> ts;
   for (const std::string& n : ck.names()) {
     std::string nn = n;
@@ -57,7 +58,7 @@ std::string rewrite(const k3::test::TempDir& t, const std::string& name, Edit ed
   }
   const std::string dir = t.sub(name);
   fs::create_directories(dir);
-  fs::copy_file(kFixture + "/config.json", dir + "/config.json");
+  fs::copy_file(kReleaseTiny + "/config.json", dir + "/config.json");
   write_checkpoint_shards(dir, ts, uint64_t(1) << 40);
   return dir;
 }
@@ -65,7 +66,7 @@ std::string rewrite(const k3::test::TempDir& t, const std::string& name, Edit ed
 }  // namespace
 
 TEST(CliRelease, InspectReportsTheReleasedLayoutClean) {
-  RunResult r = k3cpp("inspect " + q(kFixture) + " --config " + q(kFixture + "/config.json"));
+  RunResult r = k3cpp("inspect " + q(kReleaseTiny) + " --config " + q(kReleaseTiny + "/config.json"));
   EXPECT_EQ(r.rc, 0) << r.out << r.err;
   EXPECT_TRUE(has(r.out, "OK: every tensor present")) << r.out;
   EXPECT_EQ(lines_with(r.out, "skipped 18 vision tensor(s)"), 1) << r.out;
@@ -77,7 +78,7 @@ TEST(CliRelease, InspectReportsTheReleasedLayoutClean) {
 TEST(CliRelease, ForwardRunsAndLogsTheSkippedVisionTensorsOnce) {
   k3::test::TempDir t("k3_cli_release");
   const std::string logits = t.sub("logits.f32");
-  RunResult r = k3cpp("forward " + q(kFixture) + " --ids 288,10,100,290 --logits " + q(logits));
+  RunResult r = k3cpp("forward " + q(kReleaseTiny) + " --ids 288,10,100,290 --logits " + q(logits));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_EQ(lines_with(r.err, "vision"), 1) << r.err;
   EXPECT_TRUE(has(r.err, "vision_tower.*: 15, mm_projector.*: 3")) << r.err;
@@ -93,7 +94,7 @@ TEST(CliRelease, PreReleaseNamesLoadWithANotice) {
   ASSERT_EQ(f.rc, 0) << f.err;
   EXPECT_EQ(lines_with(f.err, "final_res_norm.weight"), 1) << f.err;
   // Same logits as the release-named original.
-  RunResult g = k3cpp("forward " + q(kFixture) + " --ids 1,2 --logits " + q(t.sub("r.f32")));
+  RunResult g = k3cpp("forward " + q(kReleaseTiny) + " --ids 1,2 --logits " + q(t.sub("r.f32")));
   ASSERT_EQ(g.rc, 0) << g.err;
   EXPECT_EQ(k3::test::slurp(t.sub("l.f32")), k3::test::slurp(t.sub("r.f32")));
   RunResult i = k3cpp("inspect " + q(dir) + " --summary");
@@ -124,10 +125,10 @@ TEST(CliRelease, BadReleasedInputsFailInOneLine) {
   // An unknown quantization method in config.json.
   const std::string qdir = t.sub("quant");
   fs::create_directories(qdir);
-  nlohmann::json cj = nlohmann::json::parse(k3::test::slurp(kFixture + "/config.json"));
+  nlohmann::json cj = nlohmann::json::parse(k3::test::slurp(kReleaseTiny + "/config.json"));
   cj["text_config"]["quantization_config"]["quant_method"] = "awq";
   std::ofstream(qdir + "/config.json") << cj.dump(2);
-  for (const auto& e : fs::directory_iterator(kFixture))
+  for (const auto& e : fs::directory_iterator(kReleaseTiny))
     if (e.path().filename() != "config.json") fs::copy_file(e.path(), qdir + "/" + e.path().filename().string());
   expect_fail("forward " + q(qdir) + " --ids 1 --logits " + q(t.sub("l")),
               {qdir + "/config.json", "text_config.quantization_config.quant_method", "awq"});

@@ -32,19 +32,19 @@ namespace {
 
 using k3::test::RunResult;
 using k3::test::slurp;
-struct TempDir : k3::test::TempDir {
-  TempDir() : k3::test::TempDir("k3_cli_train") {}
+struct TrainTempDir : k3::test::TempDir {
+  TrainTempDir() : k3::test::TempDir("k3_cli_train") {}
 };
-std::string q(const std::string& s) { return k3::test::shell_quote(s); }
-RunResult k3cpp(const std::string& args) { return k3::test::run_k3cpp(args); }
+using k3::test::q;
+using k3::test::k3cpp;
 
-bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+using k3::test::has;
 std::string tiny_run() { return q(std::string(K3_SOURCE_DIR) + "/configs/train-tiny.json"); }
 
 }  // namespace
 
 TEST(CliTrain, TrainTinyEndToEnd) {
-  TempDir t;
+  TrainTempDir t;
   const std::string out = t.sub("run");
   const RunResult r = k3cpp("train --config " + tiny_run() + " --out " + q(out));
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -110,7 +110,7 @@ TEST(CliTrain, TrainTinyEndToEnd) {
 // checkpoint holds tokenizer.json and generate encodes bytes with it; bits per byte of both
 // runs are per byte of the same held-out text.
 TEST(CliTrain, BytesTokenizerRunIsOnTheSameScale) {
-  TempDir t;
+  TrainTempDir t;
   auto run = nlohmann::json::parse(slurp(std::string(K3_SOURCE_DIR) + "/configs/train-tiny.json"));
   run["tokenizer"] = "bytes";
   run["model"] = std::string(K3_SOURCE_DIR) + "/configs/train-tiny-model.json";
@@ -154,7 +154,7 @@ TEST(CliTrain, BytesTokenizerRunIsOnTheSameScale) {
 }
 
 TEST(CliTrain, StepsStopsAndResumeContinues) {
-  TempDir t;
+  TrainTempDir t;
   const std::string out = t.sub("run");
   const RunResult a = k3cpp("train --config " + tiny_run() + " --out " + q(out) + " --steps 3");
   ASSERT_EQ(a.rc, 0) << a.err;
@@ -168,7 +168,7 @@ TEST(CliTrain, StepsStopsAndResumeContinues) {
 }
 
 TEST(CliTrain, BadInvocationsNameTheCulprit) {
-  TempDir t;
+  TrainTempDir t;
   RunResult r = k3cpp("train --out " + q(t.sub("x")));
   EXPECT_NE(r.rc, 0);
   EXPECT_TRUE(has(r.err, "--config")) << r.err;

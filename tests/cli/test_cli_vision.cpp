@@ -19,7 +19,7 @@ using json = nlohmann::json;
 namespace {
 
 using k3::test::RunResult;
-std::string q(const std::string& s) { return k3::test::shell_quote(s); }
+using k3::test::q;
 
 }  // namespace
 

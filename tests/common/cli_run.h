@@ -14,6 +14,11 @@ std::string slurp(const std::string& path);                      // whole file (
 std::string shell_quote(const std::string& s);                   // '...' for /bin/sh
 RunResult run_k3cpp(const std::string& args);                     // stdout, stderr, exit code
 
+// The short names the CLI tests use (one definition, so the test files can share a unity TU).
+inline std::string q(const std::string& s) { return shell_quote(s); }
+inline RunResult k3cpp(const std::string& args) { return run_k3cpp(args); }
+inline bool has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
 // A fresh directory under the system temp dir, removed with everything in it.
 struct TempDir {
   std::string path;

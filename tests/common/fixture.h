@@ -12,6 +12,8 @@
 namespace k3::test {
 
 std::string data_path(const std::string& rel);  // tests/data/<rel>
+// The released-layout fixture (tests/data/k3-release-tiny), which many test files open.
+inline const std::string kReleaseTiny = std::string(K3_TEST_DATA_DIR) + "/k3-release-tiny";
 std::string fixture_path(const std::string& rel);  // tests/data/k3-fixtures/<rel>
 
 // Scratch files: a fresh empty directory <tmp>/<name>_<pid>; a text file written into a

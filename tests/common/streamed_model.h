@@ -83,6 +83,16 @@ inline std::vector<float> run_batch(const K3Model& m, int steps) {
   return out;
 }
 
+// A budget so large that the stream's slot counts, not the budget, decide (StreamOptions::cache_slots).
+inline constexpr uint64_t kBigBudget = uint64_t(1) << 40;
+
+inline LoadOptions load_opts(uint64_t budget, bool as_stored) {
+  LoadOptions lo;
+  lo.dense_as_stored = as_stored;
+  lo.ram_budget_bytes = budget;
+  return lo;
+}
+
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }

@@ -165,9 +165,13 @@ TEST(DistRanks, ProgressiveReductionInAnyOrderIsThePlainOneBitwise) {
         const auto& st = g.comm->stats();
         EXPECT_EQ(st.at("prog.reduce_scatter").bytes_sent, st.at("plain.reduce_scatter").bytes_sent);
         EXPECT_EQ(st.at("prog.reduce_scatter").calls, st.at("plain.reduce_scatter").calls);
-        if (all) EXPECT_EQ(st.at("prog.allgather").bytes_sent, st.at("plain.allgather").bytes_sent);
+        if (all) {
+          EXPECT_EQ(st.at("prog.allgather").bytes_sent, st.at("plain.allgather").bytes_sent);
+        }
         EXPECT_EQ(g.dp->overlap_buckets(), (n * 4 + bucket - 1) / bucket);
-        if (bucket == 64) EXPECT_GT(g.dp->overlap_buckets_early(), 0);
+        if (bucket == 64) {
+          EXPECT_GT(g.dp->overlap_buckets_early(), 0);
+        }
         EXPECT_LT(g.dp->overlap_buckets_early(), g.dp->overlap_buckets());  // the unreported pieces wait
       }
     }
@@ -258,7 +262,9 @@ TEST(DistRanks, DataParallelTrainingEqualsOneProcessBitwise) {
     // N ranks x 1 thread, the reduction overlapped with the last backward (the default)...
     const int64_t early0 = g.dp->overlap_buckets_early();
     const Trace overlapped = trace_run(dir.path + "/run.json", dir.path + "/dp", 1, &dp, v.zero);
-    if (N > 1) EXPECT_GT(g.dp->overlap_buckets_early(), early0) << base_name << ": no bucket started during a backward";
+    if (N > 1) {
+      EXPECT_GT(g.dp->overlap_buckets_early(), early0) << base_name << ": no bucket started during a backward";
+    }
     // ... and after it.
     std::vector<std::pair<std::string, Trace>> runs;
     runs.emplace_back("overlap on", overlapped);

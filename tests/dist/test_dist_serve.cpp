@@ -120,7 +120,7 @@ class Child {
   std::thread reader_;
 };
 
-std::string mpirun(int np) {
+std::string serve_mpirun(int np) {
   return std::string(K3_MPIEXEC) + " -np " + std::to_string(np) + " --oversubscribe --bind-to none ";
 }
 
@@ -204,12 +204,12 @@ std::string normalise(const std::string& body) {
 }
 
 // The generated tokens and their log-probabilities, from a reply (plain or SSE).
-struct Tokens {
+struct ServedTokens {
   std::vector<std::string> text;
   std::vector<double> logprob;
 };
 
-void collect(const Json& choice, Tokens& t) {
+void collect(const Json& choice, ServedTokens& t) {
   const Json& lp = choice.value("logprobs", Json());
   if (lp.is_null()) return;
   if (lp.contains("content")) {
@@ -220,8 +220,8 @@ void collect(const Json& choice, Tokens& t) {
   }
 }
 
-Tokens tokens(const std::string& reply) {
-  Tokens t;
+ServedTokens tokens(const std::string& reply) {
+  ServedTokens t;
   const std::string body = reply.substr(reply.find(' ') + 1);
   if (body.rfind("data: ", 0) == 0) {
     size_t p = 0;
@@ -253,7 +253,7 @@ int count(const std::string& hay, const std::string& needle) {
 TEST(DistJobs, ExpertParallelServeAnswersAsOneProcessAndStopsCleanly) {
   Server one(kServe);
   ASSERT_GT(one.port, 0) << one.proc.out();
-  Server ep(mpirun(2) + kServe + " --ep 2");
+  Server ep(serve_mpirun(2) + kServe + " --ep 2");
   ASSERT_GT(ep.port, 0) << ep.proc.out();
   const std::vector<Req> reqs = requests();
 
@@ -275,7 +275,7 @@ TEST(DistJobs, ExpertParallelServeAnswersAsOneProcessAndStopsCleanly) {
   for (size_t i = 0; i < reqs.size(); ++i) th.emplace_back([&, i] { got[i] = ep.post(reqs[i].path, reqs[i].body); });
   for (auto& t : th) t.join();
   for (size_t i = 0; i < reqs.size(); ++i) {
-    const Tokens a = tokens(want[i]), b = tokens(got[i]);
+    const ServedTokens a = tokens(want[i]), b = tokens(got[i]);
     EXPECT_EQ(a.text, b.text) << got[i];
     ASSERT_EQ(a.logprob.size(), b.logprob.size());
     for (size_t k = 0; k < a.logprob.size(); ++k) EXPECT_NEAR(a.logprob[k], b.logprob[k], 1e-5) << i << " " << k;
@@ -297,7 +297,7 @@ TEST(DistJobs, ExpertParallelServeAnswersAsOneProcessAndStopsCleanly) {
 
 TEST(DistJobs, ExpertParallelServeEndsWhenARankDiesAndRefusesBadOptions) {
   {
-    Server ep(mpirun(2) + kServe + " --ep 2");
+    Server ep(serve_mpirun(2) + kServe + " --ep 2");
     ASSERT_GT(ep.port, 0) << ep.proc.out();
     const std::string pid1 = ep.proc.wait_for("rank 1 of 2 \\(pid ([0-9]+)\\)");
     ASSERT_FALSE(pid1.empty()) << ep.proc.out();
@@ -310,7 +310,7 @@ TEST(DistJobs, ExpertParallelServeEndsWhenARankDiesAndRefusesBadOptions) {
   {
     // Rank 0 stopped (SIGSTOP): its heartbeats cease and the follower aborts the job at
     // --comm-timeout, naming the step broadcast.
-    Server ep(mpirun(2) + kServe + " --ep 2 --comm-timeout 2");
+    Server ep(serve_mpirun(2) + kServe + " --ep 2 --comm-timeout 2");
     ASSERT_GT(ep.port, 0) << ep.proc.out();
     const std::string pid0 = ep.proc.wait_for("rank 0 of 2 \\(pid ([0-9]+)\\)");
     ASSERT_FALSE(pid0.empty()) << ep.proc.out();
@@ -328,9 +328,9 @@ TEST(DistJobs, ExpertParallelServeEndsWhenARankDiesAndRefusesBadOptions) {
     std::string cmd, message;
   } bad[] = {
       {kServe + " --ep 2", "--ep 2 but the job has 1 MPI rank(s): start it with mpirun -np 2"},
-      {mpirun(2) + quick + kServe, "started by mpirun with 2 ranks but without --ep: pass --ep 2"},
-      {mpirun(2) + quick + kServe + " --ep 2 --ram-budget 1", "--ep and --ram-budget cannot be combined"},
-      {mpirun(3) + quick + kServe + " --ep 3", "num_experts: 4 experts cannot be split over 3 expert-parallel ranks"},
+      {serve_mpirun(2) + quick + kServe, "started by mpirun with 2 ranks but without --ep: pass --ep 2"},
+      {serve_mpirun(2) + quick + kServe + " --ep 2 --ram-budget 1", "--ep and --ram-budget cannot be combined"},
+      {serve_mpirun(3) + quick + kServe + " --ep 3", "num_experts: 4 experts cannot be split over 3 expert-parallel ranks"},
   };
   for (const auto& b : bad) {
     Child c(b.cmd);

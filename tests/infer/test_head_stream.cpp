@@ -26,13 +26,13 @@
 
 using namespace k3;
 using k3::test::bitwise_equal;
+using k3::test::kBigBudget;
 using k3::test::run_batch;
 using k3::test::run_session;
 using k3::test::saved_model;
 
 namespace {
 
-constexpr uint64_t kBigBudget = uint64_t(1) << 40;
 constexpr int64_t kBlockRows = 48;
 
 StreamOptions head_opts(IoMode io = IoMode::Auto, int64_t trunk_slots = 0) {

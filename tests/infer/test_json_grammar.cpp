@@ -24,7 +24,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string show(const std::string& s) { return json(s).dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string printable(const std::string& s) { return json(s).dump(-1, ' ', false, json::error_handler_t::replace); }
 
 JsonLimits loose() {
   JsonLimits l;
@@ -172,7 +172,7 @@ std::string byte_walk(const JsonGrammar& g, std::mt19937& r, int budget) {
     m.step(pick);
     out += char(pick);
   }
-  ADD_FAILURE() << "byte walk did not end: " << show(out.substr(0, 300)) << " ... " << show(out.substr(out.size() - 300));
+  ADD_FAILURE() << "byte walk did not end: " << printable(out.substr(0, 300)) << " ... " << printable(out.substr(out.size() - 300));
   return out;
 }
 
@@ -225,7 +225,7 @@ TEST(JsonGrammar, AgreesWithNlohmannOnRandomAndMutatedDocuments) {
     if (i % 2) d = mutate(r, d);
     if (!within_caps(d, 4)) continue;  // the caps are a deliberate difference
     const bool want = json::accept(d);
-    ASSERT_EQ(recognizes(*g, d), want) << (want ? "rejected valid: " : "accepted invalid: ") << show(d);
+    ASSERT_EQ(recognizes(*g, d), want) << (want ? "rejected valid: " : "accepted invalid: ") << printable(d);
     (want ? accepted : rejected)++;
   }
   EXPECT_GT(accepted, 5000);  // both sides are exercised

@@ -24,7 +24,7 @@ K3Config tiny(int64_t block_size = 0, int64_t expert_width = 0) { return test::t
 using test::make_ids;
 using test::random_model;
 
-std::vector<float> full_forward(const K3Model& m, const std::vector<int32_t>& ids) {
+std::vector<float> session_full_forward(const K3Model& m, const std::vector<int32_t>& ids) {
   std::vector<float> logits(ids.size() * size_t(m.dims().V));
   DecodeState st = m.new_state();
   ForwardScratch s;
@@ -65,12 +65,12 @@ TEST(Session, PrefillThenDecodeEqualsFullForward) {
     const std::string tag = "block size " + std::to_string(S);
     // Prompt across the chunk boundary, then a few steps.
     std::vector<int32_t> ids = make_ids(76, m.dims().V, 1);
-    std::vector<float> full = full_forward(m, ids);
+    std::vector<float> full = session_full_forward(m, ids);
     ASSERT_GT(max_abs(full), 0.3);
     check_session(m, ids, {70}, full, tag + " P=70");
     // Short prompt (shorter than the conv kernel), decode across position 64.
     ids = make_ids(68, m.dims().V, 2);
-    full = full_forward(m, ids);
+    full = session_full_forward(m, ids);
     check_session(m, ids, {2}, full, tag + " P=2");
   }
 }
@@ -78,7 +78,7 @@ TEST(Session, PrefillThenDecodeEqualsFullForward) {
 TEST(Session, PrefillInPiecesContinuesTheSequence) {
   const K3Model m = random_model(tiny(), 31);
   const std::vector<int32_t> ids = make_ids(140, m.dims().V, 3);
-  const std::vector<float> full = full_forward(m, ids);
+  const std::vector<float> full = session_full_forward(m, ids);
   check_session(m, ids, {30, 40, 1, 64}, full, "pieces");
 }
 
@@ -86,13 +86,13 @@ TEST(Session, Mxfp4ExpertsEqualFullForwardOfTheSameModel) {
   const K3Model m = random_model(tiny(0, 64), 41, ExpertStorage::Mxfp4);
   ASSERT_EQ(m.weights().expert_storage(), ExpertStorage::Mxfp4);
   const std::vector<int32_t> ids = make_ids(72, m.dims().V, 4);
-  check_session(m, ids, {66}, full_forward(m, ids), "mxfp4");
+  check_session(m, ids, {66}, session_full_forward(m, ids), "mxfp4");
 }
 
 TEST(Session, KernelVariantsAgree) {
   const K3Model m = random_model(tiny(2), 51);
   const std::vector<int32_t> ids = make_ids(70, m.dims().V, 5);
-  const std::vector<float> full = full_forward(m, ids);
+  const std::vector<float> full = session_full_forward(m, ids);
   SessionOptions ref;
   ref.prefill_path = KDAPath::Recurrent;
   ref.decode_path = KDAPath::Recurrent;

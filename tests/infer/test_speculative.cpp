@@ -142,7 +142,9 @@ TEST(SessionVerify, KeepPrefixEqualsAppendingThePrefixAlone) {
       expect_same_state(a, b, what);
       // logits() is the n-th token's; on the Fast path it is the verification's row.
       EXPECT_EQ(0, std::memcmp(a.logits(), b.logits(), sizeof(float) * size_t(V))) << what;
-      if (path == KDAPath::Fast) EXPECT_EQ(0, std::memcmp(row_n.data(), b.logits(), sizeof(float) * size_t(V))) << what;
+      if (path == KDAPath::Fast) {
+        EXPECT_EQ(0, std::memcmp(row_n.data(), b.logits(), sizeof(float) * size_t(V))) << what;
+      }
       // The sequences go on alike.
       const float* la = a.step(feed[0]);
       std::vector<float> ra(la, la + V);

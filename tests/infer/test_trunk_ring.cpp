@@ -32,20 +32,13 @@
 
 using namespace k3;
 using k3::test::bitwise_equal;
+using k3::test::kBigBudget;
+using k3::test::load_opts;
 using k3::test::run_batch;
 using k3::test::run_session;
 using k3::test::saved_model;
 
 namespace {
-
-LoadOptions load_opts(uint64_t budget, bool as_stored) {
-  LoadOptions lo;
-  lo.dense_as_stored = as_stored;
-  lo.ram_budget_bytes = budget;
-  return lo;
-}
-
-constexpr uint64_t kBigBudget = uint64_t(1) << 40;
 
 StreamOptions ring_opts(int64_t trunk_slots, IoMode io = IoMode::Auto) {
   StreamOptions so;

@@ -23,6 +23,7 @@
 
 #include "common/cli_run.h"
 #include "common/random_model.h"
+#include "common/streamed_model.h"
 #include "core/error.h"
 #include "infer/mem_probe.h"
 #include "infer/session.h"
@@ -30,6 +31,9 @@
 #include "model/checkpoint.h"
 
 using namespace k3;
+using k3::test::bitwise_equal;
+using k3::test::kBigBudget;
+using k3::test::load_opts;
 
 namespace {
 
@@ -41,7 +45,7 @@ struct Saved {
   std::string path;
 };
 
-const Saved& saved_model(DType dense, int64_t E = 0) {
+const Saved& stream_model(DType dense, int64_t E = 0) {
   static std::map<std::pair<int, int64_t>, Saved> cache;
   Saved& s = cache[{int(dense), E}];
   if (!s.dir) {
@@ -58,13 +62,6 @@ const Saved& saved_model(DType dense, int64_t E = 0) {
   return s;
 }
 
-LoadOptions load_opts(uint64_t budget, bool as_stored) {
-  LoadOptions lo;
-  lo.dense_as_stored = as_stored;
-  lo.ram_budget_bytes = budget;
-  return lo;
-}
-
 StreamOptions stream_opts(int64_t slots, IoMode io = IoMode::Auto) {
   StreamOptions so;
   so.cache_slots = slots;
@@ -72,8 +69,6 @@ StreamOptions stream_opts(int64_t slots, IoMode io = IoMode::Auto) {
   so.working_reserve_bytes = uint64_t(4) << 20;
   return so;
 }
-
-constexpr uint64_t kBigBudget = uint64_t(1) << 40;  // the slot count decides (StreamOptions::cache_slots)
 
 InferenceModel streamed(const std::string& dir, int64_t slots, IoMode io = IoMode::Auto, bool as_stored = false,
                         StreamOptions so = {}) {
@@ -84,7 +79,7 @@ InferenceModel streamed(const std::string& dir, int64_t slots, IoMode io = IoMod
 }
 
 // Prefill, decode steps, all returned logits concatenated.
-std::vector<float> run_session(const K3Model& m, const std::vector<int32_t>& ids, int64_t prefill) {
+std::vector<float> session_logits(const K3Model& m, const std::vector<int32_t>& ids, int64_t prefill) {
   Session s(m);
   const int64_t V = m.dims().V;
   std::vector<float> out;
@@ -117,10 +112,6 @@ std::vector<float> run_batch(const K3Model& m, const std::vector<int32_t>& promp
   return out;
 }
 
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
 // Distinct experts chosen per MoE layer by one full forward over ids (resident model).
 int64_t distinct_experts(const K3Model& m, const std::vector<int32_t>& ids) {
   DecodeState st = m.new_state();
@@ -139,24 +130,24 @@ int64_t distinct_experts(const K3Model& m, const std::vector<int32_t>& ids) {
 }  // namespace
 
 TEST(WeightStream, LogitsBitwiseEqualResidentAtEveryCacheSize) {
-  const std::string dir = saved_model(DType::F32).path;
+  const std::string dir = stream_model(DType::F32).path;
   const K3Model res = load_model(dir);
   const std::vector<int32_t> ids = test::make_ids(20, res.dims().V, 5);
-  const std::vector<float> want = run_session(res, ids, 12);
+  const std::vector<float> want = session_logits(res, ids, 12);
   const std::vector<float> want_batch = run_batch(res, {1, 2, 3}, {4, 5}, 3);
   const std::pair<IoMode, int64_t> cases[] = {{IoMode::Direct, 2}, {IoMode::Direct, 5}, {IoMode::Buffered, 3},
                                               {IoMode::Direct, 1000}};
   for (const auto& [io, slots] : cases) {
     InferenceModel im = streamed(dir, slots, io);
     ASSERT_TRUE(im.stream);
-    EXPECT_TRUE(bitwise_equal(run_session(im.model, ids, 12), want)) << "slots " << slots << " " << im.stream->io_mode();
+    EXPECT_TRUE(bitwise_equal(session_logits(im.model, ids, 12), want)) << "slots " << slots << " " << im.stream->io_mode();
     EXPECT_TRUE(bitwise_equal(run_batch(im.model, {1, 2, 3}, {4, 5}, 3), want_batch)) << "batch, slots " << slots;
     EXPECT_NE(im.stream->io_mode().find(io == IoMode::Direct ? "O_DIRECT" : "buffered"), std::string::npos);
   }
 }
 
 TEST(WeightStream, Bf16TrunkIsCopiedAndStillBitwise) {
-  const std::string dir = saved_model(DType::BF16).path;
+  const std::string dir = stream_model(DType::BF16).path;
   LoadOptions lo;
   lo.dense_as_stored = true;
   const K3Model res = load_model(dir, lo);
@@ -164,11 +155,11 @@ TEST(WeightStream, Bf16TrunkIsCopiedAndStillBitwise) {
   const std::vector<int32_t> ids = test::make_ids(10, res.dims().V, 9);
   InferenceModel im = streamed(dir, 3, IoMode::Auto, /*as_stored=*/true);
   EXPECT_EQ(im.model.weights().bf16_bytes(), res.weights().bf16_bytes());
-  EXPECT_TRUE(bitwise_equal(run_session(im.model, ids, 6), run_session(res, ids, 6)));
+  EXPECT_TRUE(bitwise_equal(session_logits(im.model, ids, 6), session_logits(res, ids, 6)));
 }
 
 TEST(WeightStream, BytesReadEqualTheAnalyticCount) {
-  const std::string dir = saved_model(DType::F32).path;
+  const std::string dir = stream_model(DType::F32).path;
   const K3Model res = load_model(dir);
   const std::vector<int32_t> ids = test::make_ids(24, res.dims().V, 3);
   const int64_t D = distinct_experts(res, ids);  // sum over MoE layers of the call's distinct experts
@@ -200,7 +191,7 @@ TEST(WeightStream, BytesReadEqualTheAnalyticCount) {
 }
 
 TEST(WeightStream, ACacheThatHoldsEverythingReadsNothingTheSecondTime) {
-  const std::string dir = saved_model(DType::F32).path;
+  const std::string dir = stream_model(DType::F32).path;
   const K3Model res = load_model(dir);
   const std::vector<int32_t> ids = test::make_ids(16, res.dims().V, 4);
   InferenceModel im = streamed(dir, 10000);
@@ -221,7 +212,7 @@ TEST(WeightStream, ACacheThatHoldsEverythingReadsNothingTheSecondTime) {
 TEST(WeightStream, RssAnonGrowthStaysUnderTheBudget) {
   // 128 experts per layer (1536 of ~26 KB, ~40 MB) against a budget of the trunk (~11 MB
   // f32) + 4 MB + 3 slots.
-  const std::string dir = saved_model(DType::F32, 128).path;
+  const std::string dir = stream_model(DType::F32, 128).path;
   const ModelDir md = open_model_dir(dir);
   const ProcMem before = read_proc_mem();
   ASSERT_GT(before.rss_anon, 0);
@@ -243,7 +234,7 @@ TEST(WeightStream, RssAnonGrowthStaysUnderTheBudget) {
   EXPECT_EQ(im.stream->slots(), 3);
   EXPECT_LE(im.trunk_bytes + im.stream->arena_bytes(), budget + (uint64_t(2) << 20));  // engine accounting
   const std::vector<int32_t> ids = test::make_ids(12, im.model.dims().V, 8);
-  run_session(im.model, ids, 8);
+  session_logits(im.model, ids, 8);
   sampler.stop();
   const int64_t growth = sampler.peak_anon() - before.rss_anon;
   EXPECT_LT(growth, int64_t(budget)) << "peak RssAnon grew " << growth << " bytes, budget " << budget;
@@ -251,10 +242,10 @@ TEST(WeightStream, RssAnonGrowthStaysUnderTheBudget) {
 }
 
 TEST(WeightStream, FailedAndShortReadsNameTheFileAndOffsetAndNeverGiveWrongNumbers) {
-  const std::string dir = saved_model(DType::F32).path;
+  const std::string dir = stream_model(DType::F32).path;
   const K3Model res = load_model(dir);
   const std::vector<int32_t> ids = test::make_ids(10, res.dims().V, 6);
-  const std::vector<float> want = run_session(res, ids, 10);
+  const std::vector<float> want = session_logits(res, ids, 10);
   struct Fault {
     int mode;  // 1: EIO, 2: a short read then end of file
     const char* text;
@@ -276,7 +267,7 @@ TEST(WeightStream, FailedAndShortReadsNameTheFileAndOffsetAndNeverGiveWrongNumbe
     // A cache that holds every expert: a failed read's slot would be hit again on the retry.
     InferenceModel im = streamed(dir, 1000, IoMode::Auto, false, so);
     try {
-      run_session(im.model, ids, 10);
+      session_logits(im.model, ids, 10);
       ADD_FAILURE() << "no error for fault mode " << f.mode;
     } catch (const Error& e) {
       const std::string msg = e.what();
@@ -287,23 +278,23 @@ TEST(WeightStream, FailedAndShortReadsNameTheFileAndOffsetAndNeverGiveWrongNumbe
     }
     // The failed slot was dropped: the same streamer, reads working again, gives the resident logits.
     armed = 0;
-    EXPECT_TRUE(bitwise_equal(run_session(im.model, ids, 10), want)) << "after fault mode " << f.mode;
+    EXPECT_TRUE(bitwise_equal(session_logits(im.model, ids, 10), want)) << "after fault mode " << f.mode;
   }
 }
 
 TEST(WeightStream, TruncatedCheckpointUnderARunningProcessIsAClearError) {
   test::TempDir t("k3_trunc");
   const std::string dir = t.sub("m");
-  std::filesystem::copy(saved_model(DType::F32).path, dir);
+  std::filesystem::copy(stream_model(DType::F32).path, dir);
   InferenceModel im = streamed(dir, 3);
   const K3Model& m = im.model;
   const std::vector<int32_t> ids = test::make_ids(8, m.dims().V, 2);
-  run_session(m, ids, 8);  // works
+  session_logits(m, ids, 8);  // works
   const std::string file = dir + "/model.safetensors";
   ASSERT_TRUE(std::filesystem::exists(file));
   std::filesystem::resize_file(file, std::filesystem::file_size(file) / 3);
   try {
-    run_session(m, ids, 8);
+    session_logits(m, ids, 8);
     ADD_FAILURE() << "no error after truncating " << file;
   } catch (const Error& e) {
     const std::string msg = e.what();
@@ -314,7 +305,7 @@ TEST(WeightStream, TruncatedCheckpointUnderARunningProcessIsAClearError) {
 }
 
 TEST(WeightStream, ImpossibleBudgetNamesTheOptionAndTheMinimum) {
-  const std::string dir = saved_model(DType::F32).path;
+  const std::string dir = stream_model(DType::F32).path;
   try {
     load_inference_model(open_model_dir(dir), load_opts(1000000, false), {}, 1e9);
     ADD_FAILURE() << "no error";
@@ -327,7 +318,7 @@ TEST(WeightStream, ImpossibleBudgetNamesTheOptionAndTheMinimum) {
 }
 
 TEST(WeightStream, PlannerPredictsTheDecodeReadsOfAColdCache) {
-  const std::string dir = saved_model(DType::F32).path;
+  const std::string dir = stream_model(DType::F32).path;
   InferenceModel im = streamed(dir, 2);
   const StreamProjection& p = im.plan;
   // Two slots of 96 experts: hit rate 2/96; a decode token reads top_k experts per MoE layer.
@@ -348,14 +339,14 @@ TEST(WeightStream, PlannerPredictsTheDecodeReadsOfAColdCache) {
 }
 
 TEST(WeightStream, SessionsOnTwoThreadsShareTheStreamer) {
-  const std::string dir = saved_model(DType::F32).path;
+  const std::string dir = stream_model(DType::F32).path;
   const K3Model res = load_model(dir);
   const std::vector<int32_t> a = test::make_ids(14, res.dims().V, 21), b = test::make_ids(11, res.dims().V, 22);
-  const std::vector<float> want_a = run_session(res, a, 6), want_b = run_session(res, b, 4);
+  const std::vector<float> want_a = session_logits(res, a, 6), want_b = session_logits(res, b, 4);
   InferenceModel im = streamed(dir, 4);
   std::vector<float> got_a, got_b;
-  std::thread t1([&] { got_a = run_session(im.model, a, 6); });
-  std::thread t2([&] { got_b = run_session(im.model, b, 4); });
+  std::thread t1([&] { got_a = session_logits(im.model, a, 6); });
+  std::thread t2([&] { got_b = session_logits(im.model, b, 4); });
   t1.join();
   t2.join();
   EXPECT_TRUE(bitwise_equal(got_a, want_a));

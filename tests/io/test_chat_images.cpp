@@ -25,7 +25,7 @@ TEST(ChatImages, PartsKeepTheirPlaceAndRenderAsThePlaceholder) {
   EXPECT_EQ(m.images[0].field, "messages[0].content[0].image_url.url");
   EXPECT_EQ(m.images[1].before, 1u);
   EXPECT_EQ(m.images[1].field, "messages[0].content[2].image_url");
-  const std::vector<Segment> segs = render(c);
+  const std::vector<chat::Segment> segs = render(c);
   std::vector<size_t> pads;
   for (size_t i = 0; i < segs.size(); ++i)
     if (segs[i].text == kMediaPad) {
@@ -39,7 +39,7 @@ TEST(ChatImages, PartsKeepTheirPlaceAndRenderAsThePlaceholder) {
   // An image after the last text part renders last.
   const Conversation tail = parse_request_text(R"({"messages": [{"role": "user", "content": [
       {"type": "text", "text": "q"}, {"type": "image_url", "image_url": {"url": "u"}}]}]})");
-  const std::vector<Segment> ts = render(tail);
+  const std::vector<chat::Segment> ts = render(tail);
   size_t q = 0;
   while (q < ts.size() && ts[q].text != "q") ++q;
   ASSERT_LT(q + 1, ts.size());

@@ -346,7 +346,7 @@ TEST(ChatParse, RoundTripsEveryRenderedAssistantTurn) {
         }
       }
       ASSERT_EQ(seen_open, 1u);
-      std::vector<Segment> body(segs.begin() + long(start), segs.end());
+      std::vector<chat::Segment> body(segs.begin() + long(start), segs.end());
       const StartIn where = one.options.thinking ? StartIn::think : StartIn::response;
       OutputParser tok(at(where));
       for (const auto& s : body) {

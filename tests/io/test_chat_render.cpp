@@ -32,8 +32,8 @@ Json load_json(const fs::path& p) {
   return Json::parse(f);
 }
 
-std::vector<Segment> expected_segments(const Json& fx) {
-  std::vector<Segment> out;
+std::vector<chat::Segment> expected_segments(const Json& fx) {
+  std::vector<chat::Segment> out;
   for (const auto& s : fx.at("expected")) {
     const std::string kind = s.at(0).get<std::string>();
     EXPECT_TRUE(kind == "C" || kind == "T");
@@ -47,7 +47,7 @@ std::vector<Segment> expected_segments(const Json& fx) {
 const std::map<std::string, int32_t> kSpecials = {
     {"<|end_of_msg|>", 163586}, {"<|open|>", 163587}, {"<|close|>", 163588}, {"<|sep|>", 163589}};
 
-std::vector<int32_t> to_ids(const std::vector<Segment>& segs) {
+std::vector<int32_t> to_ids(const std::vector<chat::Segment>& segs) {
   return segments_to_ids(
       segs,
       [](const std::string& t) {

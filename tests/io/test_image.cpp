@@ -20,7 +20,7 @@ std::string tmp(const std::string& name) {
 }
 void write(const std::string& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
 
-std::string error_of(const std::string& path) {
+std::string image_error_of(const std::string& path) {
   try {
     load_image(path);
   } catch (const Error& e) {
@@ -63,15 +63,15 @@ TEST(Image, PgmGreyAnd16Bit) {
 
 TEST(Image, BadFilesAreNamed) {
   const std::string p = tmp("bad.pgm");
-  EXPECT_NE(error_of(p).find(p), std::string::npos);  // missing
+  EXPECT_NE(image_error_of(p).find(p), std::string::npos);  // missing
   write(p, "P5\n4 4\n255\nab");
-  EXPECT_NE(error_of(p).find("truncated"), std::string::npos) << error_of(p);
+  EXPECT_NE(image_error_of(p).find("truncated"), std::string::npos) << image_error_of(p);
   write(p, "GIF89a....");
-  EXPECT_NE(error_of(p).find("not a PNG or binary PGM/PPM"), std::string::npos);
+  EXPECT_NE(image_error_of(p).find("not a PNG or binary PGM/PPM"), std::string::npos);
   write(p, std::string("\x89PNG\r\n\x1a\n", 8) + "garbage");
-  EXPECT_NE(error_of(p).find("PNG"), std::string::npos);
+  EXPECT_NE(image_error_of(p).find("PNG"), std::string::npos);
   write(p, "P5\n0 4\n255\n");
-  EXPECT_NE(error_of(p).find("width"), std::string::npos);
+  EXPECT_NE(image_error_of(p).find("width"), std::string::npos);
   fs::remove(p);
 }
 

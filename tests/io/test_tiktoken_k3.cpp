@@ -10,17 +10,19 @@
 #include <string>
 #include <vector>
 
+#include "common/fixture.h"
 #include "io/chat_render.h"
 #include "io/tiktoken.h"
 
 using namespace k3;
 
 namespace {
-const std::string kFixture = std::string(K3_TEST_DATA_DIR) + "/k3-release-tiny";
+
+using k3::test::kReleaseTiny;
 }
 
 TEST(TiktokenK3, ReleasedFixtureHasTheTrainersSpecialLayout) {
-  const Tiktoken tok = Tiktoken::load(kFixture);
+  const Tiktoken tok = Tiktoken::load(kReleaseTiny);
   ASSERT_EQ(tok.base_size(), 288);
   ASSERT_EQ(tok.vocab_size(), 288 + 256);
   const auto want = k3_special_tokens(288);
@@ -33,7 +35,7 @@ TEST(TiktokenK3, ReleasedFixtureHasTheTrainersSpecialLayout) {
 }
 
 TEST(TiktokenK3, TrainerConfigNamesWhatTheReleasedConfigNames) {
-  std::ifstream f(kFixture + "/tokenizer_config.json");
+  std::ifstream f(kReleaseTiny + "/tokenizer_config.json");
   const auto fixture = nlohmann::json::parse(f);
   const auto mine = nlohmann::json::parse(k3_tokenizer_config_json(288));
   EXPECT_EQ(mine["added_tokens_decoder"], fixture["added_tokens_decoder"]);
@@ -43,7 +45,7 @@ TEST(TiktokenK3, TrainerConfigNamesWhatTheReleasedConfigNames) {
 }
 
 TEST(TiktokenK3, RenderedConversationEncodesBySegment) {
-  const Tiktoken tok = Tiktoken::load(kFixture);
+  const Tiktoken tok = Tiktoken::load(kReleaseTiny);
   chat::Conversation conv;
   chat::Message user;
   user.role = chat::Role::user;

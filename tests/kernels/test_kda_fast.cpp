@@ -30,7 +30,7 @@ namespace {
 // ---------------------------------------------------------------------------------------
 // inputs
 
-struct Inputs {
+struct FastInputs {
   int64_t T, H, Dk, Dv;
   std::vector<double> q, k, v, g, beta, s0;
 };
@@ -41,11 +41,11 @@ enum class Gate { Bounded, FloorPinned, Unbounded, UnboundedStrong };
 // or the Kimi Linear gate; FloorPinned additionally pins half the channels of every token at
 // -5 (the adversarial case of the claim); UnboundedStrong gives every token a decay of about
 // -30 on a quarter of the channels.
-Inputs make_inputs(int64_t T, int64_t H, int64_t Dk, int64_t Dv, bool random_state, Gate gate, unsigned seed,
+FastInputs make_inputs(int64_t T, int64_t H, int64_t Dk, int64_t Dv, bool random_state, Gate gate, unsigned seed,
                    bool round_bf16 = false) {
   std::mt19937 rng(seed);
   std::normal_distribution<double> n(0, 1);
-  Inputs in{T, H, Dk, Dv, {}, {}, {}, {}, {}, {}};
+  FastInputs in{T, H, Dk, Dv, {}, {}, {}, {}, {}, {}};
   in.q.resize(T * H * Dk);
   in.k.resize(T * H * Dk);
   in.v.resize(T * H * Dv);
@@ -86,14 +86,14 @@ struct Out {
   std::vector<double> o, s;
 };
 
-Out run_recurrent(const Inputs& in, double scale) {
+Out run_recurrent(const FastInputs& in, double scale) {
   Out r{std::vector<double>(in.T * in.H * in.Dv), in.s0};
   kda_recurrent_forward<double>(r.o.data(), r.s.data(), in.q.data(), in.k.data(), in.v.data(), in.g.data(),
                                 in.beta.data(), in.T, in.H, in.Dk, in.Dv, scale);
   return r;
 }
 
-Out run_chunk_ref(const Inputs& in, double scale, int64_t chunk) {
+Out run_chunk_ref(const FastInputs& in, double scale, int64_t chunk) {
   Out r{std::vector<double>(in.T * in.H * in.Dv), in.s0};
   kda_chunk_forward<double>(r.o.data(), r.s.data(), in.q.data(), in.k.data(), in.v.data(), in.g.data(),
                             in.beta.data(), in.T, in.H, in.Dk, in.Dv, scale, chunk);
@@ -104,7 +104,7 @@ struct OutF {
   std::vector<float> o, s;
 };
 
-OutF run_fast(const Inputs& in, double scale, const KDAFastOptions& opt, KDAWorkspace& ws) {
+OutF run_fast(const FastInputs& in, double scale, const KDAFastOptions& opt, KDAWorkspace& ws) {
   auto q = to_f(in.q), k = to_f(in.k), v = to_f(in.v), g = to_f(in.g), b = to_f(in.beta);
   OutF r{std::vector<float>(in.T * in.H * in.Dv, 777.f), to_f(in.s0)};  // poison: every output is written
   kda_chunk_fast_forward(r.o.data(), r.s.data(), q.data(), k.data(), v.data(), g.data(), b.data(), in.T, in.H, in.Dk,
@@ -239,7 +239,7 @@ TEST(KdaFastForward, ChainRecurrentChunkedFast) {
   for (const Case& c : {Case{1, 2, 16, 16, 64, true}, Case{17, 3, 16, 32, 16, false}, Case{64, 2, 32, 16, 64, true},
                         Case{100, 2, 40, 24, 64, true}, Case{200, 2, 128, 128, 64, false},
                         Case{150, 1, 24, 40, 32, true}}) {
-    const Inputs in = make_inputs(c.T, c.H, c.Dk, c.Dv, c.state, Gate::Bounded, unsigned(c.T * 7 + c.Dk));
+    const FastInputs in = make_inputs(c.T, c.H, c.Dk, c.Dv, c.state, Gate::Bounded, unsigned(c.T * 7 + c.Dk));
     const double scale = 1 / std::sqrt(double(c.Dk));
     const Out rec = run_recurrent(in, scale);
     const Out chk = run_chunk_ref(in, scale, c.chunk);
@@ -261,7 +261,7 @@ TEST(KdaFastForward, ChainRecurrentChunkedFast) {
 
 TEST(KdaFastForward, Bf16OnBf16InputsTracksDoubleRecurrence) {
   // bf16 values in, f32 state: the error is the products' operand rounding only.
-  const Inputs in = make_inputs(300, 2, 128, 128, true, Gate::Bounded, 11, /*round_bf16=*/true);
+  const FastInputs in = make_inputs(300, 2, 128, 128, true, Gate::Bounded, 11, /*round_bf16=*/true);
   const double scale = 1 / std::sqrt(128.0);
   const Out rec = run_recurrent(in, scale);
   KDAWorkspace ws;
@@ -280,7 +280,7 @@ TEST(KdaFastForward, AutoPathFollowsGateBound) {
   o.diag = kDense;
   EXPECT_EQ(kda_fast_diag_path(o), kDense);
   // Auto with an unbounded gate takes the safe path and stays finite where Dense overflows.
-  const Inputs in = make_inputs(96, 1, 32, 32, false, Gate::UnboundedStrong, 5);
+  const FastInputs in = make_inputs(96, 1, 32, 32, false, Gate::UnboundedStrong, 5);
   KDAWorkspace ws;
   KDAFastOptions a;
   a.gate_bounded = false;
@@ -316,7 +316,7 @@ TEST(KdaFastForward, FixtureRecur8) {
 TEST(KdaFastDecode, StepsMatchRecurrence) {
   for (auto [Dk, Dv] : {std::pair<int64_t, int64_t>{128, 128}, {24, 40}, {16, 200}}) {
     const int64_t T = 12, H = 3;
-    const Inputs in = make_inputs(T, H, Dk, Dv, true, Gate::Bounded, unsigned(Dk + Dv));
+    const FastInputs in = make_inputs(T, H, Dk, Dv, true, Gate::Bounded, unsigned(Dk + Dv));
     const double scale = 1 / std::sqrt(double(Dk));
     const Out rec = run_recurrent(in, scale);
     auto q = to_f(in.q), k = to_f(in.k), v = to_f(in.v), g = to_f(in.g), b = to_f(in.beta), s = to_f(in.s0);
@@ -334,7 +334,7 @@ TEST(KdaFastDecode, StepsMatchRecurrence) {
 
 namespace {
 // Largest |G_i - G_anchor| over the dense path's tiles: the exponent range the claim bounds.
-double max_anchor_exponent(const Inputs& in, int64_t chunk) {
+double max_anchor_exponent(const FastInputs& in, int64_t chunk) {
   double worst = 0;
   const int64_t ld = in.H * in.Dk;
   for (int64_t h = 0; h < in.H; ++h)
@@ -354,7 +354,7 @@ double max_anchor_exponent(const Inputs& in, int64_t chunk) {
 }  // namespace
 
 TEST(KdaFastNumerics, FloorPinnedGatesStayInRangeAndBf16DenseTracksDouble) {
-  const Inputs in = make_inputs(4096, 1, 128, 128, true, Gate::FloorPinned, 21, /*round_bf16=*/true);
+  const FastInputs in = make_inputs(4096, 1, 128, 128, true, Gate::FloorPinned, 21, /*round_bf16=*/true);
   EXPECT_LE(max_anchor_exponent(in, 64), 40.0 + 1e-9);  // 8 steps of at most 5 each way
   const double scale = 1 / std::sqrt(128.0);
   const Out rec = run_recurrent(in, scale);
@@ -369,7 +369,7 @@ TEST(KdaFastNumerics, FloorPinnedGatesStayInRangeAndBf16DenseTracksDouble) {
 }
 
 TEST(KdaFastNumerics, UnboundedStrongDecayOverflowsDenseButNotSafe) {
-  const Inputs in = make_inputs(256, 2, 64, 64, true, Gate::UnboundedStrong, 31);
+  const FastInputs in = make_inputs(256, 2, 64, 64, true, Gate::UnboundedStrong, 31);
   EXPECT_GT(max_anchor_exponent(in, 64), 88.7);  // beyond e^88.7 = FLT_MAX: the dense anchors overflow
   const double scale = 1 / std::sqrt(64.0);
   const Out rec = run_recurrent(in, scale);

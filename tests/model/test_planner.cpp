@@ -12,11 +12,11 @@
 #include "model/planner.h"
 
 namespace {
-k3::K3Config load(const char* name) { return k3::load_config(std::string(K3_SOURCE_DIR) + "/configs/" + name); }
+k3::K3Config planner_config(const char* name) { return k3::load_config(std::string(K3_SOURCE_DIR) + "/configs/" + name); }
 }  // namespace
 
 TEST(Planner, K3TotalAndActiveCounts) {
-  k3::ParamCounts p = k3::count_params(load("kimi-k3.json"));
+  k3::ParamCounts p = k3::count_params(planner_config("kimi-k3.json"));
   EXPECT_EQ(p.total, 2779484476000LL);
   EXPECT_EQ(p.active, 104189612640LL);
   EXPECT_EQ(std::round(double(p.total) / 1e10) / 100, 2.78);  // 2.78 T
@@ -46,7 +46,7 @@ TEST(Planner, TinyCountsByHand) {
   const int64_t per_layer = 6 * d;
   const int64_t total = 2 * V * d + 3 * d + 13 * per_layer + 9 * kda + 4 * mla + dense + 12 * (moe_fixed + 8 * expert);
   const int64_t active = total - V * d - 12 * 6 * expert;
-  k3::ParamCounts p = k3::count_params(load("tiny.json"));
+  k3::ParamCounts p = k3::count_params(planner_config("tiny.json"));
   EXPECT_EQ(p.total, total);
   EXPECT_EQ(p.active, active);
   EXPECT_EQ(p.of(k3::Component::KDA).total, 9 * kda);
@@ -54,7 +54,7 @@ TEST(Planner, TinyCountsByHand) {
 }
 
 TEST(Planner, WeightBytes) {
-  k3::K3Config c = load("kimi-k3.json");
+  k3::K3Config c = planner_config("kimi-k3.json");
   k3::ParamCounts p = k3::count_params(c);
   const int64_t routed = p.of(k3::Component::RoutedExperts).total;
   k3::WeightBytes bf = k3::weight_bytes(c, k3::WeightStorage::BF16);
@@ -67,13 +67,13 @@ TEST(Planner, WeightBytes) {
   EXPECT_THROW(k3::parse_weight_storage("fp8"), k3::Error);
   EXPECT_TRUE(mx.mxfp4_storable);
   // Tiny: w2 input width 48 is not a multiple of 32; the estimate rounds rows up.
-  k3::WeightBytes t = k3::weight_bytes(load("tiny.json"), k3::WeightStorage::MXFP4);
+  k3::WeightBytes t = k3::weight_bytes(planner_config("tiny.json"), k3::WeightStorage::MXFP4);
   EXPECT_FALSE(t.mxfp4_storable);
   EXPECT_EQ(t.routed_experts, 12ULL * 8 * (2 * 48 * (32 + 2) + 64 * (24 + 2)));
 }
 
 TEST(Planner, DecodeCache) {
-  k3::K3Config c = load("kimi-k3.json");
+  k3::K3Config c = planner_config("kimi-k3.json");
   const int64_t L = 1 << 20;
   k3::CacheBytes b = k3::decode_cache_bytes(c, L);
   EXPECT_EQ(b.kda_state_per_layer, 96ULL * 128 * 128 * 4);
@@ -92,7 +92,7 @@ TEST(Planner, DecodeCache) {
 }
 
 TEST(Planner, ForwardFlops) {
-  k3::K3Config c = load("tiny.json");
+  k3::K3Config c = planner_config("tiny.json");
   k3::ParamCounts p = k3::count_params(c);
   k3::Flops f = k3::forward_flops_per_token(c, 1000);
   // Active rank-2 parameters = active minus the vectors and the rank-3 conv weights.
@@ -105,7 +105,7 @@ TEST(Planner, ForwardFlops) {
   EXPECT_DOUBLE_EQ(f.conv, 9 * 2.0 * 4 * 3 * 64);
   EXPECT_DOUBLE_EQ(f.total(), f.matmul + f.conv + f.mla_attn + f.kda_state);
   // K3: the matmul term dominates at short context: close to 2 x active.
-  k3::K3Config k = load("kimi-k3.json");
+  k3::K3Config k = planner_config("kimi-k3.json");
   k3::Flops fk = k3::forward_flops_per_token(k, 4096);
   double active = double(k3::count_params(k).active);
   EXPECT_GT(fk.matmul, 1.99 * active);
@@ -113,7 +113,7 @@ TEST(Planner, ForwardFlops) {
 }
 
 TEST(Planner, Placement) {
-  k3::K3Config c = load("kimi-k3.json");
+  k3::K3Config c = planner_config("kimi-k3.json");
   k3::WeightBytes mx = k3::weight_bytes(c, k3::WeightStorage::MXFP4);
   k3::Placement p = k3::place(c, k3::WeightStorage::MXFP4, 64, 141.0, 131072, 64);
   EXPECT_EQ(p.experts_per_device, 14);  // 896 / 64

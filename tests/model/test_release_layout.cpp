@@ -37,7 +37,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kFixture = k3::test::data_path("k3-release-tiny");
+using k3::test::kReleaseTiny;
+
 const std::string kALog1 = layer_prefix(1) + "self_attn.A_log";  // a KDA layer's A_log
 
 struct TempDir {
@@ -85,7 +86,7 @@ Tensors fixture_tensors(const CheckpointReader& ck) {
 std::string write_dir(const TempDir& t, const std::string& name, const Tensors& ts) {
   const std::string dir = t.sub(name);
   fs::create_directories(dir);
-  fs::copy_file(kFixture + "/config.json", dir + "/config.json");
+  fs::copy_file(kReleaseTiny + "/config.json", dir + "/config.json");
   write_checkpoint_shards(dir, ts, uint64_t(1) << 40);
   return dir;
 }
@@ -117,7 +118,7 @@ void expect_error(F&& f, const std::vector<std::string>& pieces) {
 }  // namespace
 
 TEST(ReleaseLayout, FixtureConfigHasTheReleasedFields) {
-  const K3Config c = load_config(kFixture + "/config.json");
+  const K3Config c = load_config(kReleaseTiny + "/config.json");
   EXPECT_EQ(c.model_type, "kimi_k3");
   EXPECT_EQ(c.architectures, (std::vector<std::string>{"KimiK3ForConditionalGeneration"}));
   EXPECT_EQ(c.vocab_size, 288 + 256);  // base vocabulary, then 256 reserved special ids
@@ -139,7 +140,7 @@ TEST(ReleaseLayout, FixtureConfigHasTheReleasedFields) {
 }
 
 TEST(ReleaseLayout, FixtureLoadsSkipsVisionInOneLineAndRuns) {
-  Loaded l = load_logged(kFixture);
+  Loaded l = load_logged(kReleaseTiny);
   ASSERT_EQ(l.log.size(), 1u) << "expected only the vision line";
   const std::string& line = l.log[0];
   for (const char* piece : {"skipped 18 vision tensor(s)", "vision_tower.*: 15", "mm_projector.*: 3", "checked"})
@@ -148,7 +149,7 @@ TEST(ReleaseLayout, FixtureLoadsSkipsVisionInOneLineAndRuns) {
   EXPECT_EQ(l.model.weights().expert_storage(), ExpertStorage::Mxfp4);
 
   // A_log: the first H entries of the stored F32 [16].
-  const CheckpointReader ck = CheckpointReader::open(kFixture);
+  const CheckpointReader ck = CheckpointReader::open(kReleaseTiny);
   EXPECT_EQ(ck.info(kALog1).shape, (Shape{16}));
   const Tensor stored = ck.get(kALog1);
   const float* w = l.model.weights().param(kALog1);
@@ -175,12 +176,12 @@ TEST(ReleaseLayout, FixtureLoadsSkipsVisionInOneLineAndRuns) {
 
 TEST(ReleaseLayout, PreReleaseNamesLoadWithOneNotice) {
   TempDir t;
-  const CheckpointReader ck = CheckpointReader::open(kFixture);
+  const CheckpointReader ck = CheckpointReader::open(kReleaseTiny);
   Tensors ts = fixture_tensors(ck);
   for (auto& [n, x] : ts)
     if (const std::string old = legacy_param_name(n); !old.empty()) n = old;
   const std::string dir = write_dir(t, "old", ts);
-  Loaded fresh = load_logged(kFixture);
+  Loaded fresh = load_logged(kReleaseTiny);
   Loaded old = load_logged(dir);
   ASSERT_EQ(old.log.size(), 2u);  // the names notice, then the vision line
   for (const char* piece : {"final_res_norm.weight", "final_res_proj.weight", "output_attn_res_norm.weight", dir.c_str()})
@@ -195,8 +196,8 @@ TEST(ReleaseLayout, PreReleaseNamesLoadWithOneNotice) {
 
 TEST(ReleaseLayout, ALogPerHeadLoadsTheSameAndNonZeroPaddingIsRefused) {
   TempDir t;
-  const CheckpointReader ck = CheckpointReader::open(kFixture);
-  Loaded fresh = load_logged(kFixture);
+  const CheckpointReader ck = CheckpointReader::open(kReleaseTiny);
+  Loaded fresh = load_logged(kReleaseTiny);
   {
     Tensors ts = fixture_tensors(ck);
     for (auto& [n, x] : ts)
@@ -220,7 +221,7 @@ TEST(ReleaseLayout, ALogPerHeadLoadsTheSameAndNonZeroPaddingIsRefused) {
 
 TEST(ReleaseLayout, VisionTensorsAreCheckedAgainstVisionConfig) {
   TempDir t;
-  const CheckpointReader ck = CheckpointReader::open(kFixture);
+  const CheckpointReader ck = CheckpointReader::open(kReleaseTiny);
   Tensors ts = fixture_tensors(ck);
   const std::string extra = "vision_tower.encoder.blocks.2.norm0.weight";  // vt_num_hidden_layers is 2
   ts.emplace_back(extra, Tensor::zeros(DType::BF16, {16}));
@@ -244,7 +245,7 @@ TEST(ReleaseLayout, VisionTensorsAreCheckedAgainstVisionConfig) {
 
 TEST(ReleaseLayout, SaveWritesReleasedNamesAndMatchingConfig) {
   TempDir t;
-  Loaded l = load_logged(kFixture);
+  Loaded l = load_logged(kReleaseTiny);
   SaveOptions so;  // dense f32: exact for the file's bf16 and f32 tensors alike
   so.experts = ExpertStorage::Mxfp4;
   save_checkpoint(t.sub("mx"), l.model.weights(), so);
@@ -281,14 +282,14 @@ TEST(ReleaseLayout, GeneratorReproducesTheCommittedFixture) {
   const int st = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << cmd;
   std::vector<std::string> committed, generated;
-  for (const auto& e : fs::directory_iterator(kFixture)) committed.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(kReleaseTiny)) committed.push_back(e.path().filename().string());
   for (const auto& e : fs::directory_iterator(t.sub("gen"))) generated.push_back(e.path().filename().string());
   std::sort(committed.begin(), committed.end());
   std::sort(generated.begin(), generated.end());
   ASSERT_EQ(committed, generated);
   uint64_t total = 0;
   for (const std::string& f : committed) {
-    const std::string a = slurp(kFixture + "/" + f), b = slurp(t.sub("gen") + "/" + f);
+    const std::string a = slurp(kReleaseTiny + "/" + f), b = slurp(t.sub("gen") + "/" + f);
     EXPECT_TRUE(a == b) << f << " differs from what tools/make_release_fixture.py writes (" << a.size() << " vs "
                         << b.size() << " bytes): regenerate it with the script";
     total += a.size();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "common/fixture.h"
+#include "common/tiny_vocab.h"
 #include "core/error.h"
 #include "io/chat_json.h"
 #include "io/chat_render.h"
@@ -15,10 +16,7 @@ using namespace k3;
 
 namespace {
 
-const ChatVocab& vocab() {
-  static const ChatVocab v = load_chat_vocab(open_model_dir(test::data_path("k3-release-tiny")));
-  return v;
-}
+using k3::test::tiny_vocab;
 
 // Decoded text of the ids whose loss flag equals `flag`, as runs joined by '|'.
 std::string runs(const ChatSequence& q, uint8_t flag) {
@@ -27,7 +25,7 @@ std::string runs(const ChatSequence& q, uint8_t flag) {
   auto flush = [&] {
     if (run.empty()) return;
     if (!out.empty()) out += '|';
-    out += vocab().tok.decode(run);
+    out += tiny_vocab().tok.decode(run);
     run.clear();
   };
   for (size_t i = 0; i < q.ids.size(); ++i) {
@@ -42,7 +40,7 @@ std::string runs(const ChatSequence& q, uint8_t flag) {
 
 TEST(ChatTokens, OnlyTheAssistantOutputIsTrained) {
   const ArithProblem p{47, 85, '+', 2};
-  const ChatSequence q = tokenize_conversation(sft_conversation(p, chat::Effort::high, false), vocab(), "test");
+  const ChatSequence q = tokenize_conversation(sft_conversation(p, chat::Effort::high, false), tiny_vocab(), "test");
   ASSERT_EQ(q.ids.size(), q.loss.size());
   // One trained run: the reply after the generation prompt, through <|end_of_msg|>.
   EXPECT_EQ(runs(q, 1), worked_trace(p, chat::Effort::high) +
@@ -57,12 +55,12 @@ TEST(ChatTokens, OnlyTheAssistantOutputIsTrained) {
   EXPECT_EQ(masked.substr(masked.size() - gen_prompt.size()), gen_prompt);
   // The sequence is the full rendering, token for token.
   chat::Conversation c = sft_conversation(p, chat::Effort::high, false);
-  EXPECT_EQ(q.ids, vocab().encode(chat::render(c)));
+  EXPECT_EQ(q.ids, tiny_vocab().encode(chat::render(c)));
 }
 
 TEST(ChatTokens, ToolResultsAreMasked) {
   const ArithProblem p{47, 85, '*', 2};
-  const ChatSequence q = tokenize_conversation(sft_conversation(p, chat::Effort::low, true), vocab(), "test");
+  const ChatSequence q = tokenize_conversation(sft_conversation(p, chat::Effort::low, true), tiny_vocab(), "test");
   const std::string trained = runs(q, 1), masked = runs(q, 0);
   // Two trained runs: the call, then the answer; the tool message between them is masked.
   ASSERT_NE(trained.find('|'), std::string::npos);
@@ -77,7 +75,7 @@ TEST(ChatTokens, ToolResultsAreMasked) {
 
 TEST(ChatTokens, RefusesConversationsWithoutAssistant) {
   chat::Conversation c = prompt_conversation(ArithProblem{1, 2, '+', 1}, chat::Effort::low, false);
-  EXPECT_THROW(tokenize_conversation(c, vocab(), "test"), Error);
+  EXPECT_THROW(tokenize_conversation(c, tiny_vocab(), "test"), Error);
 }
 
 TEST(ChatTokens, RefusesImageParts) {
@@ -86,7 +84,7 @@ TEST(ChatTokens, RefusesImageParts) {
       {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}, {"type": "text", "text": "q"}]},
       {"role": "assistant", "content": "a"}]})");
   try {
-    tokenize_conversation(c, vocab(), "sft.jsonl:3");
+    tokenize_conversation(c, tiny_vocab(), "sft.jsonl:3");
     FAIL() << "an image part was tokenized";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("sft.jsonl:3: messages[0].content[0].image_url.url: image parts are not supported"),

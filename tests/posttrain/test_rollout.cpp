@@ -9,6 +9,7 @@
 #include <set>
 
 #include "common/fixture.h"
+#include "common/tiny_vocab.h"
 #include "core/threads.h"
 #include "io/chat_render.h"
 #include "model/checkpoint.h"
@@ -24,23 +25,20 @@ using namespace k3;
 
 namespace {
 
-const std::string kModel = test::data_path("k3-release-tiny");
+using k3::test::kReleaseTiny;
 
 K3Model load_tiny() {
   LoadOptions lo;
   lo.dequantize_experts = true;
   lo.log = [](const std::string&) {};
-  return load_model(kModel, lo);
+  return load_model(kReleaseTiny, lo);
 }
 
-const ChatVocab& vocab() {
-  static const ChatVocab v = load_chat_vocab(open_model_dir(kModel));
-  return v;
-}
+using k3::test::tiny_vocab;
 
 Trajectory traj(int64_t item, uint64_t id, chat::Effort e, int64_t budget, bool tool = false) {
   const ArithProblem p = make_problem(2, '+', uint64_t(item));
-  Trajectory t = make_trajectory(prompt_conversation(p, e, tool), vocab(), id);
+  Trajectory t = make_trajectory(prompt_conversation(p, e, tool), tiny_vocab(), id);
   t.answer = p.answer(), t.effort = e, t.budget = budget, t.tool = tool;
   return t;
 }
@@ -76,13 +74,13 @@ TEST(Rollout, EffortIsAnnouncedAndBudgetsGiveMinusOne) {
   for (chat::Effort e : {chat::Effort::low, chat::Effort::high, chat::Effort::max}) {
     ts.push_back(traj(1, uint64_t(e) + 1, e, c.budget(e)));
     // The prompt carries the thinking-effort system message naming the effort in force.
-    const std::string prompt = vocab().tok.decode(ts.back().ids);
+    const std::string prompt = tiny_vocab().tok.decode(ts.back().ids);
     EXPECT_NE(prompt.find("type=\"thinking-effort\""), std::string::npos);
     EXPECT_NE(prompt.find(chat::effort_name(e)), std::string::npos);
   }
   std::vector<Trajectory*> p;
   for (auto& t : ts) p.push_back(&t);
-  advance(m, vocab(), p, 3, 0, {});
+  advance(m, tiny_vocab(), p, 3, 0, {});
   const RewardOptions ro;
   for (const Trajectory& t : ts) {
     ASSERT_TRUE(t.finished);
@@ -96,9 +94,9 @@ TEST(Rollout, EffortIsAnnouncedAndBudgetsGiveMinusOne) {
   EXPECT_EQ(ts[2].generated, 9);
   // A reply that ends before its budget is not penalised: the budget is a cap, not a length.
   Trajectory done = traj(1, 77, chat::Effort::max, 9);
-  done.ids.push_back(vocab().markers.end_of_msg), done.gen.push_back(1), done.behav_logp.push_back(0), done.version.push_back(0);
+  done.ids.push_back(tiny_vocab().markers.end_of_msg), done.gen.push_back(1), done.behav_logp.push_back(0), done.version.push_back(0);
   done.generated = 1;
-  end_turn(done, vocab(), {});
+  end_turn(done, tiny_vocab(), {});
   EXPECT_EQ(done.finish, "stop");
 }
 
@@ -113,9 +111,9 @@ TEST(Rollout, ResumedPartialRolloutRatioEqualsFromScratch) {
   for (auto& t : ts) p.push_back(&t);
   for (auto& t : whole) q.push_back(&t);
   // Uninterrupted under policy A.
-  advance(a, vocab(), q, 3, 0, {});
+  advance(a, tiny_vocab(), q, 3, 0, {});
   // Partial: stop once one has finished (the 12-token one), then change the policy and resume.
-  advance(policy, vocab(), p, 1, 0, {});
+  advance(policy, tiny_vocab(), p, 1, 0, {});
   ASSERT_TRUE(ts[0].finished);
   ASSERT_FALSE(ts[2].finished);
   const size_t cut = ts[2].ids.size() - 1;  // the last id was drawn but not yet fed: it is pending
@@ -125,7 +123,7 @@ TEST(Rollout, ResumedPartialRolloutRatioEqualsFromScratch) {
   std::normal_distribution<float> nd(0.f, 0.02f);
   float* w = policy.weights().data();
   for (int64_t i = 0; i < policy.weights().size(); ++i) w[i] += nd(rng) * (std::fabs(w[i]) + 0.01f);
-  advance(policy, vocab(), p, 3, 1, {});
+  advance(policy, tiny_vocab(), p, 3, 1, {});
   const Trajectory& r = ts[2];
   ASSERT_TRUE(r.finished);
   // Tokens before the pause: same tokens and logprobs as the uninterrupted run (version 0).
@@ -171,16 +169,16 @@ TEST(Rollout, ToolResultsAreAppendedAsMaskedTokens) {
   a.tool_calls.push_back(call);
   chat::Conversation with = c;
   with.messages.push_back(a);
-  const std::vector<int32_t> turn = vocab().encode(segment_suffix(chat::render(t.prompt), chat::render(with), "test"));
+  const std::vector<int32_t> turn = tiny_vocab().encode(segment_suffix(chat::render(t.prompt), chat::render(with), "test"));
   for (int32_t id : turn) t.ids.push_back(id), t.gen.push_back(1), t.behav_logp.push_back(-1.f), t.version.push_back(0);
   t.generated = int64_t(turn.size());
   const size_t before = t.ids.size();
-  end_turn(t, vocab(), {});
+  end_turn(t, tiny_vocab(), {});
   ASSERT_FALSE(t.finished);
   EXPECT_EQ(t.tool_calls, 1);
   EXPECT_EQ(t.tool_ok, 1);
   ASSERT_GT(t.ids.size(), before);
-  const std::string added = vocab().tok.decode(std::vector<int32_t>(t.ids.begin() + std::ptrdiff_t(before), t.ids.end()));
+  const std::string added = tiny_vocab().tok.decode(std::vector<int32_t>(t.ids.begin() + std::ptrdiff_t(before), t.ids.end()));
   EXPECT_NE(added.find("role=\"tool\" tool=\"calculator\""), std::string::npos);
   EXPECT_NE(added.find("3995"), std::string::npos);
   // Ends with the next generation prompt; the tool message tokens are no loss tokens.
@@ -209,7 +207,7 @@ TEST(Rollout, ToolResultsAreAppendedAsMaskedTokens) {
   // The continuation runs: the tool message is prefilled onto the saved state.
   t.budget = t.generated + 6;
   std::vector<Trajectory*> p = {&t};
-  advance(m, vocab(), p, 1, 0, {});
+  advance(m, tiny_vocab(), p, 1, 0, {});
   EXPECT_TRUE(t.finished);
   EXPECT_GT(t.generated, int64_t(turn.size()));
   EXPECT_EQ(t.gen[t.ids.size() - 1], 1);
@@ -230,7 +228,7 @@ TEST(Rollout, ToolPromptsRunUnderTheirOwnBudgets) {
   ArithEvalOptions eo;
   eo.samples = 1;
   eo.budget = [&](chat::Effort e, bool tool) { return c.budget(e, tool); };
-  const nlohmann::json r = evaluate_arith(m, vocab(), f, eo);
+  const nlohmann::json r = evaluate_arith(m, tiny_vocab(), f, eo);
   std::set<std::pair<std::string, bool>> seen;
   for (const auto& b : r["buckets"]) {
     const std::string e = b["effort"];

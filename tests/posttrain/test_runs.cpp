@@ -20,8 +20,8 @@ using namespace k3;
 
 namespace {
 
-std::string tmp_dir(const std::string& name) { return test::scratch_dir("k3_posttrain_" + name); }
-std::string write(const std::string& dir, const std::string& name, const std::string& text) {
+std::string run_dir(const std::string& name) { return test::scratch_dir("k3_posttrain_" + name); }
+std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
   return test::write_text(dir, name, text);
 }
 using test::file_bytes;
@@ -32,13 +32,13 @@ const char* kSft = R"({"model": "MODEL", "arithmetic": {"digits": [1, 2], "ops":
 std::string sft_config(const std::string& dir) {
   std::string s = kSft;
   s.replace(s.find("MODEL"), 5, test::data_path("k3-release-tiny"));
-  return write(dir, "sft.json", s);
+  return write_file(dir, "sft.json", s);
 }
 
 }  // namespace
 
 TEST(PosttrainRuns, SftResumesExactly) {
-  const std::string d = tmp_dir("sft");
+  const std::string d = run_dir("sft");
   const SFTConfig c = load_sft_config(sft_config(d));
   SFTOptions o;
   o.quiet = true;
@@ -62,7 +62,7 @@ TEST(PosttrainRuns, SftResumesExactly) {
   for (std::string line; std::getline(m, line);) steps += line.find("\"type\":\"step\"") != std::string::npos;
   EXPECT_EQ(steps, 4);
   // A different config is refused on resume.
-  write(d, "sft2.json", file_bytes(d + "/sft.json").replace(file_bytes(d + "/sft.json").find("3e-3"), 4, "2e-3"));
+  write_file(d, "sft2.json", file_bytes(d + "/sft.json").replace(file_bytes(d + "/sft.json").find("3e-3"), 4, "2e-3"));
   EXPECT_THROW(run_sft(load_sft_config(d + "/sft2.json"), o), Error);
   fs::remove_all(d);
 }
@@ -88,13 +88,13 @@ std::vector<nlohmann::json> step_records(const std::string& path) {
 // saved decode state matters (checked by hand: zeroing the restored KDA states on load changes
 // the final weights at this seed).
 TEST(PosttrainRuns, RlResumesExactlyWithPartialRollouts) {
-  const std::string d = tmp_dir("rl");
+  const std::string d = run_dir("rl");
   const std::string rl = R"({"model": ")" + test::data_path("k3-release-tiny") + R"(",
     "arithmetic": {"bands": ["1+"], "problems": 50, "tool_share": 0.5},
     "steps": 3, "prompts_per_step": 3, "group_size": 4, "budgets": {"low": 20, "high": 30, "max": 40},
     "tool_budgets": {"low": 25, "high": 35, "max": 45}, "lambda": 0.5, "checkpoint_every": 1,
     "lr": 1e-3, "threads": 1, "kl_coef": 0.05, "format_penalty": 0.7, "seed": 4})";
-  const RLConfig c = load_rl_config(write(d, "rl.json", rl));
+  const RLConfig c = load_rl_config(write_file(d, "rl.json", rl));
   RLOptions o = test::run_whole_then_stop_after_step_1(c, d);
   // The stop left trajectories mid-decode; they are in the checkpoint.
   ASSERT_TRUE(fs::exists(d + "/split/checkpoint/rollouts.bin"));
@@ -135,7 +135,7 @@ TEST(PosttrainRuns, RlResumesExactlyWithPartialRollouts) {
 }
 
 TEST(PosttrainRuns, BadConfigsAreOneClearError) {
-  const std::string d = tmp_dir("bad");
+  const std::string d = run_dir("bad");
   auto err = [&](const std::string& text, bool rl) { return test::posttrain_config_error(d, text, rl); };
   EXPECT_NE(err(R"({"arithmetic": {}})", false).find("model"), std::string::npos);
   EXPECT_NE(err(R"({"model": "x", "arithmetic": {}, "stpes": 3})", false).find("stpes: unknown field"), std::string::npos);
@@ -156,7 +156,7 @@ TEST(PosttrainRuns, BadConfigsAreOneClearError) {
   EXPECT_NE(err(R"({"model": "x", "arithmetic": {}, "tool_budgets": {"low": 0}})", true).find("tool_budgets.low"), std::string::npos);
   EXPECT_NE(err(R"({"model": "x", "arithmetic": {}, "tool_budgets": {"lo": 9}})", true).find("tool_budgets.lo: unknown field"), std::string::npos);
   {
-    const RLConfig c = load_rl_config(write(d, "ok.json", R"({"model": "x", "arithmetic": {"bands": ["3+", "2*"]},
+    const RLConfig c = load_rl_config(write_file(d, "ok.json", R"({"model": "x", "arithmetic": {"bands": ["3+", "2*"]},
       "eval": {"bands": ["2+"], "problems_per_band": 7, "efforts": ["high", "max"]},
       "budgets": {"low": 48, "high": 128, "max": 320}, "tool_budgets": {"low": 112}})"));
     EXPECT_EQ(c.eval->problems, 7);
@@ -176,7 +176,7 @@ TEST(PosttrainRuns, BadConfigsAreOneClearError) {
 }
 
 TEST(PosttrainRuns, DistillationMovesTheStudentTowardsItsTeachers) {
-  const std::string d = tmp_dir("distill");
+  const std::string d = run_dir("distill");
   // Teacher "low": the tiny model with every weight moved; teacher "high": the tiny model.
   LoadOptions lo;
   lo.dequantize_experts = true;
@@ -193,7 +193,7 @@ TEST(PosttrainRuns, DistillationMovesTheStudentTowardsItsTeachers) {
     "arithmetic": {"digits": [1], "ops": "+", "problems": 1, "efforts": ["low"]},
     "steps": 5, "prompts_per_step": 1, "samples": 2, "budgets": {"low": 6, "high": 6, "max": 6},
     "lr": 3e-3, "threads": 2})";
-  const DistillConfig c = load_distill_config(write(d, "distill.json", cfg));
+  const DistillConfig c = load_distill_config(write_file(d, "distill.json", cfg));
   run_distill(c, d + "/out", false, -1, true);
   std::ifstream m(d + "/out/metrics.jsonl");
   std::vector<double> kl;
@@ -207,12 +207,12 @@ TEST(PosttrainRuns, DistillationMovesTheStudentTowardsItsTeachers) {
   // A teacher key that does not fit `by` is refused.
   std::string bad = cfg;
   bad.replace(bad.find("\"high\""), 6, "\"medium\"");
-  EXPECT_THROW(load_distill_config(write(d, "bad.json", bad)), Error);
+  EXPECT_THROW(load_distill_config(write_file(d, "bad.json", bad)), Error);
   // Budgets are read as rl.json's are: each at least 1, the field named.
   std::string zero = cfg;
   zero.replace(zero.find("\"low\": 6"), 8, "\"low\": 0");
   try {
-    load_distill_config(write(d, "zero.json", zero));
+    load_distill_config(write_file(d, "zero.json", zero));
     ADD_FAILURE() << "a zero budget was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("budgets.low: must be at least 1"), std::string::npos) << e.what();

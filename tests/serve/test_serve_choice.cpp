@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "common/fixture.h"
+#include "common/tiny_vocab.h"
 #include "serve/xtml_ids.h"
 #include "infer/chat_vocab.h"
 #include "serve/choice.h"
@@ -21,12 +22,9 @@ using k3::serve::Json;
 
 namespace {
 
-const k3::ChatVocab& vocab() {
-  static const k3::ChatVocab v = k3::load_chat_vocab(k3::open_model_dir(k3::test::data_path("k3-release-tiny")));
-  return v;
-}
+using k3::test::tiny_vocab;
 
-std::vector<int32_t> ids_of(const std::string& xtml) { return k3::test::xtml_ids(vocab(), xtml); }
+std::vector<int32_t> ids_of(const std::string& xtml) { return k3::test::xtml_ids(tiny_vocab(), xtml); }
 
 struct ChatRun {
   k3::chat::ParsedOutput result, streamed;
@@ -36,7 +34,7 @@ struct ChatRun {
 
 ChatRun run_chat(const std::string& xtml, std::vector<std::string> stop = {}, const std::string& engine_finish = "stop",
              k3::chat::StartIn start = k3::chat::StartIn::think) {
-  k3::serve::ChatChoice c(vocab(), start, std::move(stop), "call_t");
+  k3::serve::ChatChoice c(tiny_vocab(), start, std::move(stop), "call_t");
   ChatRun r;
   for (int32_t id : ids_of(xtml))
     for (auto& d : c.feed(id)) r.deltas.push_back(d);
@@ -155,14 +153,14 @@ TEST(ServeChoice, StopStringsCutContentOnly) {
 }
 
 TEST(ServeChoice, CompletionTextIsRawWithoutTheEndingId) {
-  k3::serve::TextChoice c(vocab(), {"zz"});
+  k3::serve::TextChoice c(tiny_vocab(), {"zz"});
   std::string streamed;
   for (int32_t id : ids_of("Once upon a time<|sep|>x<|end_of_msg|>")) streamed += c.feed(id);
   streamed += c.finish("stop");
   EXPECT_EQ(streamed, "Once upon a time<|sep|>x");
   EXPECT_EQ(c.text(), streamed);
   EXPECT_EQ(c.finish_reason(), "stop");
-  k3::serve::TextChoice s(vocab(), {"upon"});
+  k3::serve::TextChoice s(tiny_vocab(), {"upon"});
   for (int32_t id : ids_of("Once upon a time")) s.feed(id);
   s.finish("length");
   EXPECT_EQ(s.text(), "Once ");
@@ -173,8 +171,8 @@ TEST(ServeChoice, LogprobEntry) {
   k3::GenerationEvent ev;
   ev.id = ids_of("a")[0];
   ev.logprob = -0.5f;
-  ev.top = {{ev.id, -0.5f}, {vocab().markers.sep, -2.0f}};
-  const Json e = k3::serve::chat_logprob_entry(vocab(), ev);
+  ev.top = {{ev.id, -0.5f}, {tiny_vocab().markers.sep, -2.0f}};
+  const Json e = k3::serve::chat_logprob_entry(tiny_vocab(), ev);
   EXPECT_EQ(e["token"], "a");
   EXPECT_FLOAT_EQ(e["logprob"].get<float>(), -0.5f);
   EXPECT_EQ(e["bytes"], Json::array({int('a')}));

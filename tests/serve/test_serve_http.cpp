@@ -30,6 +30,7 @@
 #include <thread>
 
 #include "common/fixture.h"
+#include "common/tiny_vocab.h"
 #include "infer/chat_vocab.h"
 #include "serve/server.h"
 #include "serve/sse.h"
@@ -39,12 +40,9 @@ using k3::serve::Json;
 
 namespace {
 
-const std::string kModel = k3::test::data_path("k3-release-tiny");
+using k3::test::kReleaseTiny;
 
-const k3::ChatVocab& vocab() {
-  static const k3::ChatVocab v = k3::load_chat_vocab(k3::open_model_dir(kModel));
-  return v;
-}
+using k3::test::tiny_vocab;
 
 struct Live {
   std::unique_ptr<k3::serve::Server> server;
@@ -66,7 +64,7 @@ struct Live {
     k3::LoadOptions lo;
     lo.dense_as_stored = true;
     lo.log = [](const std::string&) {};
-    server->load(kModel, lo);
+    server->load(kReleaseTiny, lo);
   }
   std::unique_ptr<httplib::Client> client() const {
     auto c = std::make_unique<httplib::Client>("127.0.0.1", port);
@@ -257,8 +255,8 @@ TEST(ServeHttp, ModelsTokenizeMetricsPage) {
   const std::string text = "Hello <|open|> wörld";
   Reply t = post(*live.cli, "/tokenize", Json{{"content", text}}.dump());
   ASSERT_EQ(t.status, 200) << t.body;
-  EXPECT_EQ(t.json["tokens"].get<std::vector<int32_t>>(), vocab().tok.encode(text, false));
-  for (int32_t id : t.json["tokens"]) EXPECT_FALSE(vocab().tok.is_special(id));  // user text never becomes a marker
+  EXPECT_EQ(t.json["tokens"].get<std::vector<int32_t>>(), tiny_vocab().tok.encode(text, false));
+  for (int32_t id : t.json["tokens"]) EXPECT_FALSE(tiny_vocab().tok.is_special(id));  // user text never becomes a marker
   Reply d = post(*live.cli, "/detokenize", Json{{"tokens", t.json["tokens"]}}.dump());
   ASSERT_EQ(d.status, 200);
   EXPECT_EQ(d.json["content"], text);
@@ -516,7 +514,7 @@ TEST(ServeHttp, DisconnectCancelsAndFullQueueIs429) {
   eo.queue_limit = 0;
   eo.ctx = 4000;
   // forced output that never ends the message: the request runs to max_tokens unless cancelled
-  eo.forced_output.assign(4000, vocab().tok.encode("a", false)[0]);
+  eo.forced_output.assign(4000, tiny_vocab().tok.encode("a", false)[0]);
   Live live({}, eo);
   const std::string body = with(kHello, R"("max_tokens":3600,"stream":true)");
   // A client that reads 3 events and hangs up.
@@ -566,7 +564,7 @@ struct ForcedCase {
 
 ForcedCase run_forced(const std::string& xtml, const std::string& extra = R"("max_tokens":500)") {
   k3::EngineOptions eo;
-  eo.forced_output = k3::test::xtml_ids(vocab(), xtml);
+  eo.forced_output = k3::test::xtml_ids(tiny_vocab(), xtml);
   Live live({}, eo);
   const std::string body = with(kHello, extra);
   const Reply r = post(*live.cli, "/v1/chat/completions", body);
@@ -702,7 +700,7 @@ TEST(ServeHttp, ResponseFormatIsEnforced) {
 TEST(ServeHttp, ShutdownDrainsInFlightStreams) {
   k3::EngineOptions eo;
   eo.ctx = 4000;
-  eo.forced_output.assign(3900, vocab().tok.encode("a", false)[0]);
+  eo.forced_output.assign(3900, tiny_vocab().tok.encode("a", false)[0]);
   auto live = std::make_unique<Live>(k3::serve::ServerOptions{}, eo);
   Stream s;
   std::thread t([&] {
@@ -749,7 +747,7 @@ TEST(ServeHttp, RamBudgetGivesTheResidentReply) {
     so.trunk_slots = ring ? 2 : 0;
     so.stream_head = head;
     so.head_block_rows = head ? 64 : 0;
-    budgeted.server->load(kModel, lo, so, 1e9);
+    budgeted.server->load(kReleaseTiny, lo, so, 1e9);
     ASSERT_NE(budgeted.server->inference_model(), nullptr);
     ASSERT_NE(budgeted.server->inference_model()->stream, nullptr);  // really streaming
     EXPECT_EQ(budgeted.server->inference_model()->trunk != nullptr, ring);

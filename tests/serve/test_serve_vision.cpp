@@ -21,6 +21,7 @@
 
 #include "common/cli_run.h"
 #include "common/fixture.h"
+#include "common/tiny_vocab.h"
 #include "infer/chat_vocab.h"
 #include "io/chat_json.h"
 #include "io/chat_render.h"
@@ -34,19 +35,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kModel = k3::test::data_path("k3-release-tiny");
+using k3::test::kReleaseTiny;
 
-const k3::ChatVocab& vocab() {
-  static const k3::ChatVocab v = k3::load_chat_vocab(k3::open_model_dir(kModel));
-  return v;
-}
+using k3::test::tiny_vocab;
 
-struct Live {
+struct VisionLive {
   std::unique_ptr<k3::serve::Server> server;
   std::thread thread;
   std::unique_ptr<httplib::Client> cli;
 
-  explicit Live(const std::string& dir, int64_t max_pixels = 1000) {
+  explicit VisionLive(const std::string& dir, int64_t max_pixels = 1000) {
     k3::serve::ServerOptions so;
     so.port = 0;
     so.max_image_pixels = max_pixels;
@@ -64,7 +62,7 @@ struct Live {
     lo.log = [](const std::string&) {};
     server->load(dir, lo);
   }
-  ~Live() {
+  ~VisionLive() {
     cli.reset();
     server->shutdown(std::chrono::milliseconds(2000));
     thread.join();
@@ -122,30 +120,30 @@ TEST(ServeVision, ImagePartReplyEqualsGenerateImage) {
   const k3::Image img = random_image(24, 24, 7);
   k3::save_image(tmp.sub("a.png"), img);
   k3::save_image(tmp.sub("a.ppm"), img);
-  Live live(kModel);
+  VisionLive live(kReleaseTiny);
   const Json body = image_request(data_url(file_bytes(tmp.sub("a.png"))));
   const auto [status, reply] = live.post(body);
   ASSERT_EQ(status, 200) << reply.dump();
   EXPECT_EQ(reply["usage"]["prompt_tokens"].get<int64_t>(),
-            int64_t(vocab().encode(k3::chat::render(k3::chat::parse_request(body))).size()) + 8);  // 9 image tokens for 1 pad
+            int64_t(tiny_vocab().encode(k3::chat::render(k3::chat::parse_request(body))).size()) + 8);  // 9 image tokens for 1 pad
   const std::vector<std::string> served = reply_tokens(reply);
   ASSERT_FALSE(served.empty());
 
   // generate --image on the same rendered prompt ids (one <|media_pad|>, which it expands).
-  const std::vector<int32_t> ids = vocab().encode(k3::chat::render(k3::chat::parse_request(body)));
+  const std::vector<int32_t> ids = tiny_vocab().encode(k3::chat::render(k3::chat::parse_request(body)));
   auto join = [](const std::vector<int32_t>& v) {  // appended piece by piece (GCC 12's -Wrestrict misfires on a + b)
     std::string s;
     for (int32_t t : v) s.append(s.empty() ? "" : ",").append(std::to_string(t));
     return s;
   };
-  const std::string ids_arg = join(ids), stop_arg = join(vocab().stop_ids());
+  const std::string ids_arg = join(ids), stop_arg = join(tiny_vocab().stop_ids());
   const k3::test::RunResult g =
-      k3::test::run_k3cpp("generate " + kModel + " --ids " + ids_arg + " --image " + tmp.sub("a.png") +
+      k3::test::run_k3cpp("generate " + kReleaseTiny + " --ids " + ids_arg + " --image " + tmp.sub("a.png") +
                           " --max-tokens 8 --ids-out --stop " + stop_arg);
   ASSERT_EQ(g.rc, 0) << g.err;
   std::vector<std::string> generated;
   std::stringstream ss(g.out);
-  for (int32_t id; ss >> id;) generated.push_back(k3::serve::token_text(vocab(), id));
+  for (int32_t id; ss >> id;) generated.push_back(k3::serve::token_text(tiny_vocab(), id));
   // The server also reports the stop token it ended on; generate does not print it.
   std::vector<std::string> served_text = served;
   if (served_text.size() > generated.size()) served_text.resize(generated.size());
@@ -169,7 +167,7 @@ TEST(ServeVision, ImagePartReplyEqualsGenerateImage) {
   EXPECT_EQ(reply_tokens(ppm.second), served);
   // The repeat was served from the prefix cache past the image (it starts at token 9 or so);
   // another image behind the same text only up to the image.
-  const int64_t image_at = int64_t(std::find(ids.begin(), ids.end(), *vocab().control(k3::chat::kMediaPad)) - ids.begin());
+  const int64_t image_at = int64_t(std::find(ids.begin(), ids.end(), *tiny_vocab().control(k3::chat::kMediaPad)) - ids.begin());
   EXPECT_GT(ppm.second["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>(), image_at + 9);
   k3::save_image(tmp.sub("b.png"), random_image(24, 24, 8));
   const auto other = live.post(image_request(data_url(file_bytes(tmp.sub("b.png")))));
@@ -181,7 +179,7 @@ TEST(ServeVision, BadImagesAreOpenAIErrorsAndTheServerKeepsServing) {
   k3::test::TempDir tmp("k3_serve_vision");
   k3::save_image(tmp.sub("big.png"), random_image(40, 40, 1));  // 1600 pixels, over the limit of 1000
   k3::save_image(tmp.sub("ok.png"), random_image(16, 16, 2));
-  Live live(kModel);
+  VisionLive live(kReleaseTiny);
   expect_error(live.post(image_request("https://example.com/cat.png")), 400, "image_url_not_supported", "not fetched");
   expect_error(live.post(image_request("data:image/png,rawbytes")), 400, "invalid_image_url", "only base64");
   expect_error(live.post(image_request("file:///etc/passwd")), 400, "invalid_image_url", "expected a data URL");
@@ -203,14 +201,14 @@ TEST(ServeVision, BadImagesAreOpenAIErrorsAndTheServerKeepsServing) {
 TEST(ServeVision, ModelWithoutVisionRefusesImageParts) {
   // The tiny model with its config's vision_config removed (weights linked, not copied).
   k3::test::TempDir tmp("k3_serve_novision");
-  for (const auto& e : fs::directory_iterator(kModel))
+  for (const auto& e : fs::directory_iterator(kReleaseTiny))
     if (e.path().filename() != "config.json") fs::create_symlink(fs::absolute(e.path()), tmp.sub(e.path().filename()));
-  Json cfg = Json::parse(file_bytes(kModel + "/config.json"));
+  Json cfg = Json::parse(file_bytes(kReleaseTiny + "/config.json"));
   cfg.erase("vision_config");
   std::ofstream(tmp.sub("config.json")) << cfg.dump(2);
   k3::test::TempDir img("k3_serve_novision_img");
   k3::save_image(img.sub("a.png"), random_image(16, 16, 3));
-  Live live(tmp.path);
+  VisionLive live(tmp.path);
   expect_error(live.post(image_request(data_url(file_bytes(img.sub("a.png"))))), 400, "model_has_no_vision",
                "no vision_config");
   const auto text = live.post(Json{{"messages", Json::array({Json{{"role", "user"}, {"content", "hi"}}})}, {"max_tokens", 2}});
