@@ -6,8 +6,11 @@
 # K3 forward). A finished training or evaluation is not redone. Writes OUT/{run.json,train,
 # train.log,passkey16x-logn<N>.json,summary.txt}. About 40 min per seed at one thread on the
 # 2-core machine shared with other work (2,400-3,600 s measured for four runs side by side).
-# usage: scripts/long_context_logn.sh OUT SEED [THREADS] [BASES]
+# usage: [CONFIG=run.json] [K3CPP=bin] scripts/long_context_logn.sh OUT SEED [THREADS] [BASES]
 #   e.g. for s in 1 2 3 4; do bash scripts/long_context_logn.sh runs/long-study-4/2x-seed$s $s 1 & done
+#   study 5 (another recipe, plain forward only, two threads; about 4.5 min a seed idle on a Zen 5):
+#   for s in 1 2 3 4; do CONFIG=configs/study-long/hybrid-tasks-2x-early.json \
+#     bash scripts/long_context_logn.sh runs/long-study-5/early-seed$s $s 2 0; done
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { echo "usage: $0 OUT SEED [THREADS] [BASES]" >&2; exit 2; }

@@ -8,7 +8,7 @@ namespace k3 {
 
 template <typename V>
 inline void grow(V& v, int64_t n) {
-  if (v.size() < size_t(n)) v.resize(size_t(n));
+  if (int64_t(v.size()) < n) v.resize(size_t(n));  // n <= size (negative too): unchanged
 }
 
 }  // namespace k3

@@ -67,7 +67,9 @@ void LatencyHistogram::observe(double s) {
 // ---------------------------------------------------------------------------------------------
 // Engine
 
-namespace {
+// Not an anonymous namespace: Engine::Impl (external linkage) holds these types, which GCC
+// flags (-Wsubobject-linkage) when this file is compiled inside a unity batch.
+namespace engine_parts {
 
 struct Waiting {
   std::shared_ptr<RequestHandle> handle;
@@ -147,7 +149,9 @@ struct StepReader {
   }
 };
 
-}  // namespace
+}  // namespace engine_parts
+
+using namespace engine_parts;
 
 struct Engine::Impl {
   const K3Model& model;

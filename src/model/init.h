@@ -42,7 +42,7 @@ struct InitOptions {
   // Expert parallelism: routed experts it rejects (by expert index) are left zero and never
   // written, so their pages take no memory; every tensor has its own stream (seed, name), so
   // the kept ones are drawn exactly as in a whole init.
-  std::function<bool(int64_t expert)> keep_expert;
+  std::function<bool(int64_t expert)> keep_expert = nullptr;  // none: every expert (no -Wmissing-field-initializers)
 };
 
 // A freshly initialised store. progress(done, total) is called from the calling thread after

@@ -2,6 +2,7 @@
 #include "train/long_mix.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "core/error.h"
@@ -21,6 +22,7 @@ LongTaskOptions options_for(const LongTaskMix& mix, LongTask task, int64_t T, ui
   o.task = task;
   o.length = T + 1;
   o.depth = double((h >> 20) % 1001) / 1000.0;
+  if (mix.depth_power != 1) o.depth = std::pow(o.depth, mix.depth_power);  // 1: the draw as before, bit for bit
   o.pairs = task == LongTask::vartrack ? mix.hops : mix.pairs;
   o.queries = std::min(mix.queries, o.pairs);
   o.hops = std::max<int64_t>(1, mix.hops / 2);

@@ -29,6 +29,10 @@ struct LongTaskMix {
   // the attention sees at the question, so the NoPE MLA layer cannot fit one window length
   // (docs/long-context.md, study 3).
   std::vector<int64_t> lengths;
+  // Evidence depth drawn as u^depth_power, u uniform on [0, 1]: 1 spreads it evenly; above 1
+  // puts more needles near the start, which the weaker runs of study 3 lose first
+  // (docs/long-context.md, study 5). Mean depth 1 / (depth_power + 1).
+  double depth_power = 1;
   bool active() const { return fraction > 0 && !tasks.empty(); }
 };
 

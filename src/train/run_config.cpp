@@ -51,7 +51,7 @@ void positive(const std::string& path, const std::string& field, double v) {
 }
 
 LongTaskMix parse_long_task_mix(const json& j, const std::string& path, const std::string& field) {
-  if (!j.is_object()) fail_input(path, field, "expected an object {fraction, tasks, pairs, queries, hops, answer_weight}");
+  if (!j.is_object()) fail_input(path, field, "expected an object {fraction, tasks, pairs, queries, hops, answer_weight, lengths, depth_power}");
   LongTaskMix m;
   Reader rd{j, path, field + ".", {}};
   rd.get("fraction", m.fraction);
@@ -59,6 +59,7 @@ LongTaskMix parse_long_task_mix(const json& j, const std::string& path, const st
   rd.get("queries", m.queries);
   rd.get("hops", m.hops);
   rd.get("answer_weight", m.answer_weight);
+  rd.get("depth_power", m.depth_power);
   rd.known.insert("tasks");
   rd.known.insert("lengths");
   rd.check_unknown();
@@ -89,6 +90,8 @@ LongTaskMix parse_long_task_mix(const json& j, const std::string& path, const st
   if (m.hops < 1) fail_input(path, field + ".hops", "must be at least 1");
   if (!(m.answer_weight > 0 && m.answer_weight <= 1000))
     fail_input(path, field + ".answer_weight", "must be in (0, 1000]");
+  if (!(m.depth_power >= 0.1 && m.depth_power <= 10))
+    fail_input(path, field + ".depth_power", "must be in [0.1, 10] (1: depths uniform; above 1: more near the start)");
   return m;
 }
 
@@ -98,6 +101,7 @@ json long_task_mix_json(const LongTaskMix& m) {
   json out = {{"fraction", m.fraction}, {"tasks", tasks}, {"pairs", m.pairs}, {"queries", m.queries}, {"hops", m.hops},
               {"answer_weight", m.answer_weight}};
   if (!m.lengths.empty()) out["lengths"] = m.lengths;  // absent: a run file from before the field reads the same
+  if (m.depth_power != 1) out["depth_power"] = m.depth_power;  // likewise
   return out;
 }
 

@@ -221,6 +221,49 @@ TEST(LongMix, TaskLengthsPlaceAShorterSampleAtTheStartAndKeepTheTextAfterIt) {
   EXPECT_NO_THROW(check_long_task_mix(mix, enc, T));
 }
 
+// depth_power: the passkey's needle sits at depth u^p; p = 1 is the mix without the field id
+// for id; p = 3 moves the needles toward the start (mean depth 1/4 against 1/2), the answers
+// still found where the weights say.
+TEST(LongMix, DepthPowerMovesTheNeedleTowardTheStart) {
+  LongTaskMix mix;
+  mix.fraction = 1;
+  mix.tasks = {LongTask::passkey};
+  const int64_t T = 400;
+  std::vector<int32_t> a(T + 1), b(T + 1);
+  auto mean_depth = [&](double power) {
+    LongTaskMix m = mix;
+    m.depth_power = power;
+    double sum = 0;
+    for (int64_t i = 0; i < 200; ++i) {
+      EXPECT_TRUE(mix_long_sample(m, enc, 9, 2, i, T, a.data()));
+      const std::string text = dec(a, 0, size_t(T + 1));
+      const size_t at = text.find("The pass key is ");
+      EXPECT_NE(at, std::string::npos);
+      sum += double(at) / double(text.size());
+    }
+    return sum / 200;
+  };
+  // p = 3 draws other depths from the same hash: the samples differ, the keys stay the same.
+  int differ = 0;
+  for (int64_t i = 0; i < 50; ++i) {
+    LongTaskMix early = mix;
+    early.depth_power = 3;
+    ASSERT_TRUE(mix_long_sample(mix, enc, 9, 2, i, T, a.data()));
+    ASSERT_TRUE(mix_long_sample(early, enc, 9, 2, i, T, b.data()));
+    differ += a != b;
+    const std::string ta = dec(a, 0, size_t(T + 1)), tb = dec(b, 0, size_t(T + 1));
+    EXPECT_EQ(ta.substr(ta.rfind(' ')), tb.substr(tb.rfind(' '))) << i;
+  }
+  EXPECT_GT(differ, 40);
+  // The needle's place in the text is start + depth x span (the span: the text before the
+  // question), so mean places are linear in the mean depths 1/4, 1/2 and 2/3 (p = 3, 1, 0.5).
+  const double early = mean_depth(3), uniform = mean_depth(1), late = mean_depth(0.5);
+  SCOPED_TRACE("mean needle place: p=3 " + std::to_string(early) + ", p=1 " + std::to_string(uniform) + ", p=0.5 " + std::to_string(late));
+  EXPECT_LT(early, uniform - 0.05);
+  EXPECT_GT(late, uniform + 0.03);
+  EXPECT_NEAR((uniform - early) / (late - uniform), (0.5 - 0.25) / (2.0 / 3 - 0.5), 0.5);
+}
+
 TEST(LongMix, RunFileStageFieldParsesNamesErrorsAndRoundTrips) {
   auto run = tiny_run();
   run["stages"][1]["long_tasks"] = {{"fraction", 0.25}, {"tasks", {"passkey", "mixed"}}, {"pairs", 4}, {"queries", 2},
@@ -252,6 +295,18 @@ TEST(LongMix, RunFileStageFieldParsesNamesErrorsAndRoundTrips) {
   EXPECT_NE(bad({{"fraction", 0.5}, {"tasks", {"passkey"}}, {"answer_weight", 0}}).find("long_tasks.answer_weight"),
             std::string::npos);
   EXPECT_NE(bad("half").find("stages[1].long_tasks"), std::string::npos);
+  EXPECT_NE(bad({{"fraction", 0.5}, {"tasks", {"passkey"}}, {"depth_power", 0}}).find("long_tasks.depth_power"),
+            std::string::npos);
+  EXPECT_NE(bad({{"fraction", 0.5}, {"tasks", {"passkey"}}, {"depth_power", "early"}}).find("long_tasks.depth_power"),
+            std::string::npos);
+  auto withp = tiny_run();
+  withp["stages"][1]["long_tasks"] = {{"fraction", 0.5}, {"tasks", {"passkey"}}, {"depth_power", 2.5}};
+  const RunConfig rp = parse_run_config(withp.dump(), "/tmp/run.json");
+  EXPECT_EQ(rp.stages[1].long_tasks.depth_power, 2.5);
+  EXPECT_EQ(parse_run_config(run_config_to_json(rp), "/tmp/run.json").stages[1].long_tasks.depth_power, 2.5);
+  // depth_power 1 is the default: written as a run file without the field.
+  withp["stages"][1]["long_tasks"]["depth_power"] = 1;
+  EXPECT_EQ(run_config_to_json(parse_run_config(withp.dump(), "/tmp/run.json")).find("depth_power"), std::string::npos);
   // lengths: a non-empty list of positive lengths within the stage's seq_len (64), round-tripped.
   const nlohmann::json pk = {"passkey"};
   EXPECT_NE(bad({{"fraction", 0.5}, {"tasks", pk}, {"lengths", nlohmann::json::array()}}).find("long_tasks.lengths"),
