@@ -18,6 +18,10 @@ namespace k3 {
 inline uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 inline uint64_t align_down(uint64_t x, uint64_t a) { return x / a * a; }
 
+// Tensors of one read unit (an expert, a trunk layer) closer than this in the file are read as
+// one run (the gap is read too): one larger pread beats several small ones.
+constexpr uint64_t kMaxReadGap = uint64_t(64) << 10;
+
 // Monotonic seconds, for the streamers' read and wait times.
 inline double steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

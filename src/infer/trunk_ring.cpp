@@ -21,8 +21,6 @@ namespace k3 {
 namespace {
 
 constexpr uint64_t kAlign = 4096;              // O_DIRECT granularity; also used buffered (same slot layout)
-constexpr uint64_t kTrunkMaxGap = uint64_t(64) << 10;  // matrices closer than this are one read
-
 
 // Bytes the loader holds for a trunk tensor that is not streamed: bf16 matrices as stored with
 // dense_as_stored (its bf16_held rule, model/checkpoint.cpp), everything else f32.
@@ -67,7 +65,7 @@ std::vector<TrunkRing::Layer> TrunkRing::locate(const CheckpointReader& ck, cons
     for (size_t i = 0; i < L.parts.size();) {
       size_t j = i + 1;
       uint64_t end = L.parts[i].offset + L.parts[i].nbytes;
-      while (j < L.parts.size() && L.parts[j].file == L.parts[i].file && L.parts[j].offset <= end + kTrunkMaxGap) {
+      while (j < L.parts.size() && L.parts[j].file == L.parts[i].file && L.parts[j].offset <= end + kMaxReadGap) {
         end = std::max(end, L.parts[j].offset + L.parts[j].nbytes);
         ++j;
       }

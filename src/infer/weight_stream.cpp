@@ -23,9 +23,6 @@ namespace k3 {
 namespace {
 
 constexpr uint64_t kDirectAlign = 4096;
-// Tensors of one expert closer than this in the file are read as one run (the gap is read too).
-constexpr uint64_t kMaxGap = uint64_t(64) << 10;
-
 
 std::string gb(double b) {
   char buf[32];
@@ -79,7 +76,7 @@ std::vector<ExpertStreamer::Loc> ExpertStreamer::locate(const CheckpointReader& 
       for (size_t i = 0; i < loc.parts.size();) {
         size_t j = i + 1;
         uint64_t end = loc.parts[i].offset + loc.parts[i].nbytes;
-        while (j < loc.parts.size() && loc.parts[j].offset <= end + kMaxGap) {
+        while (j < loc.parts.size() && loc.parts[j].offset <= end + kMaxReadGap) {
           end = std::max(end, loc.parts[j].offset + loc.parts[j].nbytes);
           ++j;
         }
