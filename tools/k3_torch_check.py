@@ -4,6 +4,11 @@ gradients of a k3cpp / released checkpoint, and a self-test against the referenc
 Run with Debian's /usr/bin/python3 (python3-torch, scripts/setup.sh). See tools/k3_torch/README.md.
 
   k3_torch_check.py selftest [--fixtures tests/data/k3-fixtures]
+  k3_torch_check.py layer-f64 --out DIR [--fixtures tests/data/k3-fixtures]
+      the two whole-layer fixtures (ops/layer_kda.json, ops/layer_mla.json) recomputed in float64
+      from their own f32 inputs: DIR/<name> holds "out" and "block_residual_out" as JSON tensors
+      of float64 values (17 significant digits), the reference tests/model/test_layer_fixtures.cpp
+      checks every path against (tests/data/k3-f64/README.md says why)
   k3_torch_check.py forward <model dir> --ids 1,2,3 --out logits.f32 [--dtype float64]
       float32 logits [T, V], row-major, little-endian, no header (as `k3cpp forward --logits`)
   k3_torch_check.py grads <model dir> --tokens tokens.i32 --batch B --seq T --out grads.safetensors
@@ -53,6 +58,31 @@ def cmd_selftest(a):
     passed, failures = selftest.run(fixdir)
     print(f"selftest: {passed} passed, {len(failures)} failed ({time.time() - t0:.1f} s, torch {torch.__version__})")
     return 1 if failures else 0
+
+
+def cmd_layer_f64(a):
+    import json
+
+    fixdir = a.fixtures or os.path.join(os.path.dirname(HERE), "tests", "data", "k3-fixtures")
+    ops_dir = os.path.join(fixdir, "ops")
+    os.makedirs(a.out, exist_ok=True)
+    for name in ("layer_kda.json", "layer_mla.json"):
+        j = selftest.load(ops_dir, name)
+        partial, blocks = selftest.layer_forward(ops_dir, j, "recurrent", torch.float64)
+        doc = {"source": f"k3_torch (tools/k3_torch_check.py layer-f64, torch {torch.__version__}) in float64 "
+                         f"on the f32 inputs of k3-fixtures/ops/{name}, per-token KDA recurrence"}
+        for key, t in (("out", partial), ("block_residual_out", blocks)):
+            fix = selftest.T_(j, key)
+            if list(t.shape) != list(fix.shape):
+                raise ValueError(f"{name}: {key} shape {list(t.shape)} != fixture {list(fix.shape)}")
+            doc[key] = {"shape": list(t.shape), "data": [float(v) for v in t.reshape(-1).tolist()]}
+        path = os.path.join(a.out, name)
+        with open(path + ".tmp", "w") as f:
+            json.dump(doc, f)  # json writes repr(float): round-trips every double exactly
+            f.write("\n")
+        os.replace(path + ".tmp", path)
+        print(f"wrote {path}")
+    return 0
 
 
 def cmd_forward(a):
@@ -123,6 +153,9 @@ def main():
     sp = ap.add_subparsers(dest="cmd", required=True)
     s = sp.add_parser("selftest")
     s.add_argument("--fixtures", default=None, help="k3-fixtures directory (default: the repository's)")
+    s = sp.add_parser("layer-f64")
+    s.add_argument("--out", required=True)
+    s.add_argument("--fixtures", default=None, help="k3-fixtures directory (default: the repository's)")
     for name in ("forward", "grads"):
         s = sp.add_parser(name)
         s.add_argument("model_dir")
@@ -146,7 +179,7 @@ def main():
     if getattr(a, "threads", 0):
         torch.set_num_threads(a.threads)
     try:
-        return {"selftest": cmd_selftest, "forward": cmd_forward, "grads": cmd_grads, "vision": cmd_vision}[a.cmd](a)
+        return {"selftest": cmd_selftest, "layer-f64": cmd_layer_f64, "forward": cmd_forward, "grads": cmd_grads, "vision": cmd_vision}[a.cmd](a)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -279,6 +279,16 @@ TEST(ModelGrad, FloatEngineMatchesDoubleWiring) {
     SequenceRouting rf;
     const SequenceResult a = forward_backward_t<double>(md, tok.data(), kT, 1.0, gd.data(), sd, opt);
     const SequenceResult b = forward_backward(mf, tok.data(), kT, 1.0, gf.data(), sf, opt, &rf);
+    // The conditioning of each gradient: the double gradient again with every weight moved by
+    // one float ulp (relative 2^-24, random sign), which is the size of the float engine's own
+    // roundings. Some A_log gradients here are sums that nearly cancel: one ulp on the weights
+    // moves them by up to 3.6e-3 relative (seed 1, layer 1), so no fixed tolerance fits them.
+    K3ModelT<double> mu(copy_store(mf.weights()));
+    std::mt19937 flip(seed);
+    for (int64_t j = 0; j < lay.total_floats(); ++j) mu.params()[j] *= 1.0 + ((flip() & 1) ? 1 : -1) * 0x1p-24;
+    std::vector<double> gu(size_t(lay.total_floats()), 0.0);
+    TrainScratchT<double> su;
+    forward_backward_t<double>(mu, tok.data(), kT, 1.0, gu.data(), su, opt);
     EXPECT_NEAR(b.loss_sum, a.loss_sum, 1e-5 * std::fabs(a.loss_sum));
     EXPECT_NEAR(b.aux_loss, a.aux_loss, 1e-5 * std::fabs(a.aux_loss));
     // Same routing in both engines (else the gradients are of different functions).
@@ -302,14 +312,16 @@ TEST(ModelGrad, FloatEngineMatchesDoubleWiring) {
       }
       const double e = test::rel_rms(f.data(), gd.data() + off, n);
       if (e > worst) worst = e, worst_name = sp.name;
-      // A wiring bug gives O(1) errors; float rounding gives ~1e-5 here, up to 1.6e-4 on
-      // seed 1's layer-0 mlp_res_proj since the float forward's few-row products and SIMD
-      // SiTU sum in other orders than BLAS (measured). A_log's gradient is the most sensitive
-      // (see the std note above): up to 5.5e-4 on these draws (measured; the draws changed when
-      // the output AttnRes tensors took their released names, init streams being per name).
-      // The double FD test is the strict one.
-      const double tol = sp.name.size() > 6 && sp.name.compare(sp.name.size() - 6, 6, ".A_log") == 0 ? 1e-3 : 5e-4;
-      EXPECT_LT(e, tol) << sp.name << " (gradient RMS " << std::sqrt(nb / double(n)) << ")";
+      // A wiring bug gives O(1) errors. Float rounding gives ~1e-5 here, up to 1.6e-4 on seed 1's
+      // layer-0 mlp_res_proj (the float forward's few-row products and SIMD SiTU sum in other
+      // orders than BLAS), and on an ill-conditioned gradient up to a few times its one-ulp
+      // sensitivity: measured on AVX3 / AVX2 / SSE4 / SCALAR (Zen 4), error / sensitivity <= 1.1
+      // wherever the error is above 1e-4 (2.6e-3 against 3.6e-3 for seed 1's layer-1 A_log on
+      // SCALAR). The double FD test is the strict one.
+      const double sens = test::rel_rms(gu.data() + off, gd.data() + off, n);
+      const double tol = 5e-4 + 4 * sens;
+      EXPECT_LT(e, tol) << sp.name << " (gradient RMS " << std::sqrt(nb / double(n)) << ", one-ulp sensitivity " << sens
+                        << ")";
     }
     std::printf("[ float vs double ] seed %u: worst rel RMS %.3g (%s)\n", seed, worst, worst_name.c_str());
   }

@@ -186,28 +186,13 @@ def check_fixtures(c, fixdir):
 
     for name in ("layer_kda.json", "layer_mla.json"):
         j = load(ops_dir, name)
+        lcfg = layer_cfg(ops_dir, j)
         i = j["layer_idx"]
-        lp = {}
-        for key in j:
-            if key.startswith("self_attn_") and isinstance(j[key], dict):
-                short = key[len("self_attn_"):]
-                for n in KDA_NAMES + MLA_NAMES:
-                    if short == n + "_weight":
-                        lp["self_attn." + n + ".weight"] = T_(j, key)
-                if short in ("A_log", "dt_bias"):
-                    lp["self_attn." + short] = T_(j, key)
-        for n in ("input_layernorm", "post_attention_layernorm", "self_attention_res_norm", "self_attention_res_proj",
-                  "mlp_res_norm", "mlp_res_proj"):
-            lp[n + ".weight"] = T_(j, n + "_weight")
-        for k2, v in moe_params(j, "mlp_", cfg.num_experts).items():
-            lp["block_sparse_moe." + k2] = v
-        lcfg = parse_config(dict(load(ops_dir, "MANIFEST.json")["config"], attn_res_block_size=j["attn_res_block_size"]))
         c.true(f"{name} layer kind", lcfg.is_mla_layer(i) == j["is_mla"], f"(layer {i}, mla={j['is_mla']})")
-        blocks = list(T_(j, "block_residual_in").unsqueeze(0).unbind(2))
         for impl in ("recurrent", "chunked"):
-            nb, partial = model.decoder_layer(lcfg, i, lp, blocks, T_(j, "in"), kda_impl=impl, chunk=4)
+            partial, blocks = layer_forward(ops_dir, j, impl)
             c.close(f"{name} out ({impl})", partial, T_(j, "out"))
-            c.close(f"{name} blocks ({impl})", torch.stack(nb, 2).squeeze(0), T_(j, "block_residual_out"))
+            c.close(f"{name} blocks ({impl})", blocks, T_(j, "block_residual_out"))
 
     j = load(fixdir, "mxfp4.json")
     w = decode_mxfp4(T_(j, "packed", torch.uint8), T_(j, "scales", torch.uint8))
@@ -219,6 +204,35 @@ def check_fixtures(c, fixdir):
         t, meta = read_safetensors(os.path.join(st, fn))
         n += len(t)
     c.true("safetensors shards parse", n > 0, f"({n} tensors in st/)")
+
+
+def layer_cfg(ops_dir, j):
+    """The MANIFEST's tiny config with a layer fixture's block size."""
+    return parse_config(dict(load(ops_dir, "MANIFEST.json")["config"], attn_res_block_size=j["attn_res_block_size"]))
+
+
+def layer_forward(ops_dir, j, impl="recurrent", dtype=DT):
+    """One whole decoder layer of a layer fixture (ops/layer_*.json) on its own inputs, in dtype:
+    returns (new partial sum [1, T, d], completed blocks [T, nb, d]) as the fixture lays them out."""
+    i = j["layer_idx"]
+    lp = {}
+    for key in j:
+        if key.startswith("self_attn_") and isinstance(j[key], dict):
+            short = key[len("self_attn_"):]
+            for n in KDA_NAMES + MLA_NAMES:
+                if short == n + "_weight":
+                    lp["self_attn." + n + ".weight"] = T_(j, key, dtype)
+            if short in ("A_log", "dt_bias"):
+                lp["self_attn." + short] = T_(j, key, dtype)
+    for n in ("input_layernorm", "post_attention_layernorm", "self_attention_res_norm", "self_attention_res_proj",
+              "mlp_res_norm", "mlp_res_proj"):
+        lp[n + ".weight"] = T_(j, n + "_weight", dtype)
+    lcfg = layer_cfg(ops_dir, j)
+    for k2, v in moe_params(j, "mlp_", lcfg.num_experts).items():
+        lp["block_sparse_moe." + k2] = v.to(dtype)
+    blocks = list(T_(j, "block_residual_in", dtype).unsqueeze(0).unbind(2))
+    nb, partial = model.decoder_layer(lcfg, i, lp, blocks, T_(j, "in", dtype), kda_impl=impl, chunk=4)
+    return partial, torch.stack(nb, 2).squeeze(0)
 
 
 def random_cfg(lower_bound=-5.0):
