@@ -11,9 +11,17 @@
 //                      ttft_ms is submit to first token; the summary gives the ratio.
 //   engine/overhead/16 16 concurrent requests: the share of the scheduler loop's time spent
 //                      outside the model (admission, sampling, bookkeeping) against the step.
+//   machine/*          this run's peaks (bench/machine_peak.h): streaming read, FMA and bf16-dot.
+// The summary adds the roofline of a decode step of B sequences from those peaks: bytes read
+// (the dense weights once, the distinct routed experts (measured from the model's routing of
+// the decode prompts; the uniform expectation beside it), each sequence's KDA state read and
+// written) over the read bandwidth, against FLOPs (planner, B tokens) over the FMA peak; the
+// larger is the step's lower bound, and 8 x bound(1) / bound(8) the most batching can give.
 // Own flags: --model_dir=DIR, --model_config=FILE, --threads=N (default 2).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -25,7 +33,9 @@
 #include "core/simd_target.h"
 #include "core/threads.h"
 #include "infer/engine.h"
+#include "machine_peak.h"
 #include "model/checkpoint.h"
+#include "model/planner.h"
 
 using namespace k3;
 using namespace std::chrono_literals;
@@ -137,6 +147,69 @@ void BM_Overhead(benchmark::State& state) {
   state.counters["step_ms"] = 1e3 * st.step_seconds / double(st.steps);
 }
 
+// Distinct routed experts per MoE layer when B sequences decode at the same position: 16
+// prompts of 64 tokens (the decode runs' prompts) through the model with a record of their
+// routing; at each position p the union over sequences [j, j + B) of their top-k, averaged
+// over positions, layers and the 16 / B groups. Measured, since a skewed router shares more
+// experts than the uniform E (1 - (1 - k/E)^B).
+double measured_distinct(const K3Model& m, int64_t B) {
+  static std::vector<ForwardRecord> recs;  // one per prompt, computed once
+  const int64_t n_seq = 16, T = 64;
+  if (recs.empty())
+    for (int64_t j = 0; j < n_seq; ++j) {
+      const std::vector<int32_t> ids = tokens(T, m.dims().V, 1 + uint64_t(j));
+      std::vector<float> logits(size_t(T * m.dims().V));
+      DecodeState st = m.new_state();
+      ForwardScratch s;
+      recs.emplace_back();
+      m.forward(logits.data(), ids.data(), T, st, s, {}, &recs.back());
+    }
+  const K3Config& c = m.config();
+  const int64_t k = c.num_experts_per_token;
+  double sum = 0;
+  int64_t n = 0;
+  std::vector<char> seen(size_t(c.num_experts));
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    if (!c.is_moe_layer(layer)) continue;
+    for (int64_t j0 = 0; j0 + B <= n_seq; j0 += B)
+      for (int64_t p = 0; p < T; ++p) {
+        std::fill(seen.begin(), seen.end(), 0);
+        int64_t distinct = 0;
+        for (int64_t j = j0; j < j0 + B; ++j)
+          for (int64_t r = 0; r < k; ++r) {
+            const int32_t e = recs[size_t(j)].layers[size_t(layer)].routing.idx[size_t(p * k + r)];
+            distinct += !seen[size_t(e)];
+            seen[size_t(e)] = 1;
+          }
+        sum += double(distinct);
+        ++n;
+      }
+  }
+  return sum / double(n);
+}
+
+// The roofline of one decode step of B sequences (see the header), with `distinct` routed
+// experts read per MoE layer.
+struct StepBound {
+  double bytes = 0, flops = 0, distinct = 0;
+  double seconds(double bw, double peak) const { return std::max(bytes / bw, flops / peak); }
+};
+StepBound step_bound(const K3Config& c, int64_t B, int64_t context, double distinct) {
+  const WeightBytes wb = weight_bytes(c, WeightStorage::MXFP4);
+  const CacheBytes cb = decode_cache_bytes(c, context);
+  const double E = double(c.num_experts);
+  int64_t moe_layers = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) moe_layers += c.is_moe_layer(i);
+  StepBound s;
+  s.distinct = distinct;
+  const double per_expert = double(wb.routed_experts) / (E * double(moe_layers));
+  const double embedding = double(c.vocab_size) * double(c.hidden_size) * 2;  // bf16, B rows read
+  s.bytes = double(wb.other) - embedding + s.distinct * per_expert * double(moe_layers) +
+            double(B) * (2.0 * double(cb.kda_total) + double(cb.mla_total));
+  s.flops = double(B) * forward_flops_per_token(c, context).total();
+  return s;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -154,6 +227,8 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("engine/ttft/uncached", BM_Ttft, false)->Iterations(1)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("engine/ttft/cached", BM_Ttft, true)->Iterations(1)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("engine/overhead/16", BM_Overhead)->Iterations(1)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("machine/mem_read", bench::BM_MachineMemRead)->Iterations(5)->UseRealTime();
+  benchmark::RegisterBenchmark("machine/fma_peak", bench::BM_MachineFma)->Arg(0)->Arg(1)->ArgName("bf16")->UseRealTime();
   benchmark::Initialize(&argc, argv);
   bench::Capture rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
@@ -170,5 +245,28 @@ int main(int argc, char** argv) {
               c("engine/ttft/uncached", "ttft_ms") / c("engine/ttft/cached", "ttft_ms"));
   std::printf("  scheduler share of loop time at 16 concurrent: %.2f%% (target < 5%%)\n",
               100 * c("engine/overhead/16", "schedule_share"));
+  // The roofline (contexts: the decode runs' 64-token prompts plus up to 64 generated).
+  const double bw = c("machine/mem_read", "best_B/s"), fma = c("machine/fma_peak/bf16:0", "FLOP/s"),
+               dot = c("machine/fma_peak/bf16:1", "FLOP/s");
+  const K3Config& cfg = model().config();
+  std::printf("  roofline of a decode step (read %.1f GB/s best pass, f32 FMA %.1f GFLOP/s, bf16 dot %.1f GFLOP/s):\n",
+              bw / 1e9, fma / 1e9, dot / 1e9);
+  std::printf("    %3s %9s %9s %9s %10s %12s %12s %14s %9s\n", "B", "experts", "uniform", "MB read", "GFLOP",
+              "bound f32 ms", "bound bf16 ms", "measured ms", "of bound");
+  double bound[2][17] = {};  // [f32 FMA, bf16 dot][B]
+  for (int64_t B : {1, 2, 4, 8, 16}) {
+    const double E = double(cfg.num_experts), k = double(cfg.num_experts_per_token);
+    const double uniform = E * (1 - std::pow(1 - k / E, double(B)));
+    const StepBound sb = step_bound(cfg, B, 96, measured_distinct(model(), B));
+    bound[0][B] = sb.seconds(bw, fma);
+    bound[1][B] = sb.seconds(bw, std::max(fma, dot));
+    const double measured = double(B) / c(("engine/decode/" + std::to_string(B)).c_str(), "agg_tok/s");
+    std::printf("    %3lld %9.1f %9.1f %9.1f %10.3f %12.2f %12.2f %14.2f %8.0f%%\n", (long long)B, sb.distinct, uniform,
+                sb.bytes / 1e6,
+                sb.flops / 1e9, 1e3 * bound[0][B], 1e3 * bound[1][B], 1e3 * measured, 100 * bound[0][B] / measured);
+  }
+  std::printf("  at the roofline, 8 sequences / 1 sequence: %.2fx with the f32 FMA peak, %.2fx with every FLOP at the "
+              "bf16-dot peak (target >= 4x)\n",
+              8 * bound[0][1] / bound[0][8], 8 * bound[1][1] / bound[1][8]);
   return 0;
 }
