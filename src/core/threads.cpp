@@ -34,4 +34,10 @@ int num_threads() {
   return g_threads;
 }
 
+void release_idle_threads() {
+  // OpenMP 5.0: libgomp frees the calling thread's pool (and fails, harmlessly, inside a team).
+  if (omp_in_parallel()) return;
+  omp_pause_resource_all(omp_pause_soft);
+}
+
 }  // namespace k3

@@ -582,6 +582,7 @@ Engine::Engine(const K3Model& model, EngineOptions opt) : model_(model), opt_(st
   if (impl_->slot_bytes > impl_->stats.state_budget_bytes)
     fail("engine: the state budget of " + std::to_string(opt_.state_budget_mb) + " MB is below one sequence's " +
          std::to_string((impl_->slot_bytes + (1 << 20) - 1) >> 20) + " MB at ctx " + std::to_string(opt_.ctx));
+  release_idle_threads();  // the engine's thread starts its own OpenMP team (core/threads.h)
   impl_->thread = std::thread([this] { impl_->run(); });
 }
 
