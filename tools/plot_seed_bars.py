@@ -37,8 +37,12 @@ def main(argv):
     n = len(recipes[0][1])
     if any(len(v) != n for _, v in recipes):
         raise SystemExit("every recipe needs the same number of seeds")
-    W, H, L, R, T, B = 640, 340, 56, 16, 40, 90
-    pw, ph = W - L - R, H - T - B
+    # The legend below the plot takes a row per recipe; the goal's label sits right of the plot,
+    # clear of the bars' value labels.
+    W, L, R, T, ph = 640, 56, 64, 40, 210
+    B = 42 + 16 * len(recipes)
+    H = T + ph + B
+    pw = W - L - R
     group = pw / n
     bar = group * 0.8 / len(recipes)
     y = lambda v: T + ph * (1 - v)
@@ -59,7 +63,7 @@ def main(argv):
                      f'{vals[i]:.2f}</text>')
         s.append(f'<text x="{L + (i + 0.5) * group:.1f}" y="{T + ph + 16}" text-anchor="middle">seed {i + 1}</text>')
     s.append(f'<line x1="{L}" y1="{y(goal):.1f}" x2="{W - R}" y2="{y(goal):.1f}" stroke="black" stroke-dasharray="5,4"/>')
-    s.append(f'<text x="{L + 4}" y="{y(goal) - 4:.1f}" font-size="10">goal {goal:g}</text>')
+    s.append(f'<text x="{W - R + 4}" y="{y(goal) + 4:.1f}" font-size="10">goal {goal:g}</text>')
     for j, (label, vals) in enumerate(recipes):
         yy = T + ph + 34 + 16 * j
         mean = sum(vals) / len(vals)
