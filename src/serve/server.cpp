@@ -13,6 +13,7 @@
 #include <shared_mutex>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "infer/chat_json_constraint.h"
 #include "infer/chat_vocab.h"
 #include "infer/image_prompt.h"
@@ -531,6 +532,9 @@ void Server::Impl::chat_completions(const httplib::Request& req, httplib::Respon
       throw ApiError(400, "the vocabulary's <|media_pad|> is not the config's media_placeholder_token_id " +
                               std::to_string(vision->media_id), "messages", "model_has_no_vision");
     ImagePrompt ip = expand_image_prompt(*vision, ids, images.ptrs(), "messages");
+    // The encoder ran its OpenMP team on this HTTP worker: free it, or its parked workers beside
+    // the engine's team make libgomp sleep between the engine's parallel regions (core/threads.h).
+    release_idle_threads();
     ids = std::move(ip.ids);
     cache_key = std::move(ip.cache_key);
     media_rows = std::make_shared<const std::vector<float>>(std::move(ip.rows));
