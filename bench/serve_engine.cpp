@@ -261,6 +261,7 @@ int main(int argc, char** argv) {
     bound[0][B] = sb.seconds(bw, fma);
     bound[1][B] = sb.seconds(bw, std::max(fma, dot));
     const double measured = double(B) / c(("engine/decode/" + std::to_string(B)).c_str(), "agg_tok/s");
+    if (std::isnan(measured)) continue;  // that B was filtered out of this run
     std::printf("    %3lld %9.1f %9.1f %9.1f %10.3f %12.2f %12.2f %14.2f %8.0f%%\n", (long long)B, sb.distinct, uniform,
                 sb.bytes / 1e6,
                 sb.flops / 1e9, 1e3 * bound[0][B], 1e3 * bound[1][B], 1e3 * measured, 100 * bound[0][B] / measured);
