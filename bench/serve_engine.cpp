@@ -203,7 +203,7 @@ StepBound step_bound(const K3Config& c, int64_t B, int64_t context, double disti
   StepBound s;
   s.distinct = distinct;
   const double per_expert = double(wb.routed_experts) / (E * double(moe_layers));
-  const double embedding = double(c.vocab_size) * double(c.hidden_size) * 2;  // bf16, B rows read
+  const double embedding = 2.0 * double(count_params(c).of(Component::Embedding).total);  // bf16, B rows read
   s.bytes = double(wb.other) - embedding + s.distinct * per_expert * double(moe_layers) +
             double(B) * (2.0 * double(cb.kda_total) + double(cb.mla_total));
   s.flops = double(B) * forward_flops_per_token(c, context).total();

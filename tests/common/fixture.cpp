@@ -55,7 +55,9 @@ Tensor Fixture::as_tensor(const std::string& key) const {
   return Tensor::from_f32(t.shape, t.data.data());
 }
 
-void expect_close(const float* a, const float* e, int64_t n, double abs_tol, double rel_tol, const std::string& what) {
+template <typename E>
+static void expect_close_t(const float* a, const E* e, int64_t n, double abs_tol, double rel_tol,
+                           const std::string& what) {
   int64_t bad = -1, nbad = 0;
   double worst = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -73,6 +75,12 @@ void expect_close(const float* a, const float* e, int64_t n, double abs_tol, dou
   if (nbad)
     ADD_FAILURE() << what << ": " << nbad << " of " << n << " values out of tolerance; worst at index " << bad
                   << ": got " << a[bad] << ", expected " << e[bad];
+}
+void expect_close(const float* a, const float* e, int64_t n, double abs_tol, double rel_tol, const std::string& what) {
+  expect_close_t(a, e, n, abs_tol, rel_tol, what);
+}
+void expect_close(const float* a, const double* e, int64_t n, double abs_tol, double rel_tol, const std::string& what) {
+  expect_close_t(a, e, n, abs_tol, rel_tol, what);
 }
 
 template <typename T>

@@ -46,6 +46,9 @@ class Fixture {
 // |a - e| <= abs_tol + rel_tol * |e|.
 void expect_close(const float* actual, const float* expected, int64_t n, double abs_tol = 1e-5,
                   double rel_tol = 1e-4, const std::string& what = "");
+// The same against float64 reference values (tests/data/k3-f64).
+void expect_close(const float* actual, const double* expected, int64_t n, double abs_tol = 1e-5,
+                  double rel_tol = 1e-4, const std::string& what = "");
 inline void expect_close(const std::vector<float>& actual, const FixTensor& expected, double abs_tol = 1e-5,
                          double rel_tol = 1e-4, const std::string& what = "") {
   ASSERT_EQ(int64_t(actual.size()), expected.numel()) << what;

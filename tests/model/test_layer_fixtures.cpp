@@ -12,7 +12,6 @@
 // fixture's outputs are checked against the float64 ones too, which ties the two files together.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -138,19 +137,9 @@ struct LayerFixture {
     return j.at(key).at("data").get<std::vector<double>>();
   }
 
-  // |got - want| <= abs_tol + rel_tol * |want| for every value, in double; the worst in the message.
   void expect_near_f64(const std::vector<float>& got, const std::vector<double>& want, const std::string& what) {
     ASSERT_EQ(got.size(), want.size()) << what;
-    int64_t bad = 0, worst = -1;
-    double worst_ratio = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      const double ratio = std::fabs(double(got[i]) - want[i]) / (abs_tol + rel_tol * std::fabs(want[i]));
-      if (!(ratio <= 1.0)) ++bad;  // NaN counts as bad
-      if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = int64_t(i);
-    }
-    EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " values out of tolerance; worst at " << worst
-                      << ": got " << got[size_t(worst)] << ", float64 " << want[size_t(worst)] << " ("
-                      << worst_ratio << " of the tolerance)";
+    test::expect_close(got.data(), want.data(), int64_t(got.size()), abs_tol, rel_tol, what);
   }
 
   void check(MixerMode mode, KDAPath path, const std::string& tag) {
