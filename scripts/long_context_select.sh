@@ -22,21 +22,9 @@ bin=${K3CPP:-build/k3cpp}
 [ -x "$bin" ] || bash scripts/build.sh
 [ -f "$config" ] || { echo "$config: no such run file" >&2; exit 2; }
 [ "$val_seed" != 0 ] || { echo "VAL_SEED 0 is the evaluation's seed: choose another" >&2; exit 2; }
-mkdir -p "$out"
-# The run file with this seed and its model path made absolute (it is read from OUT).
-python3 tools/run_file_with_seed.py "$config" "$out/run.json" "$seed"
 start=$(date +%s)
-resume=()
-[ -d "$out/train/checkpoint" ] && resume=(--resume)
+bash scripts/long_context_snapshots.sh "$config" "$out" "$seed" "$steps" "$threads"
 for s in $steps; do
-  if [ ! -d "$out/snap-$s" ]; then
-    "$bin" train --config "$out/run.json" --out "$out/train" "${resume[@]}" --steps "$s" --threads "$threads" --quiet \
-      > "$out/train-$s.log"
-    resume=(--resume)
-    rm -rf "$out/snap-$s.tmp" && mkdir "$out/snap-$s.tmp"
-    (cd "$out/train/checkpoint" && cp config.json model.safetensors run.json tiktoken.model tokenizer_config.json "../../snap-$s.tmp/")
-    mv "$out/snap-$s.tmp" "$out/snap-$s"
-  fi
   j="$out/val-$s.json"
   [ -f "$j" ] || { "$bin" eval "$out/snap-$s" --task passkey --lengths "$val_len" --depths 0,0.25,0.5,0.75,1 \
     --samples "$val_samples" --seed "$val_seed" --threads "$threads" --json "$j.tmp" > /dev/null && mv "$j.tmp" "$j"; }

@@ -68,7 +68,7 @@ class Panel:
         while k <= self.x1 + 1e-9:
             x = PAD + (k - self.x0) / (self.x1 - self.x0) * (W - 2 * PAD)
             v = 2 ** k if self.logx else k
-            out.append(f'<text x="{x:.1f}" y="{H - PAD + 14}" text-anchor="middle" font-size="10">{int(v) if v >= 1 else v}</text>')
+            out.append(f'<text x="{x:.1f}" y="{H - PAD + 14}" text-anchor="middle" font-size="10">{round(v) if v >= 1 else v}</text>')
             k += 1 if self.logx else max(1, (self.x1 - self.x0) / 5)
         out += self.items
         out.append("</g>")

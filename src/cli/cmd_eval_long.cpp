@@ -63,17 +63,9 @@ std::vector<int64_t> parse_lengths(const std::string& s) {
 }
 
 std::vector<double> parse_depths(const std::string& s) {
-  std::vector<double> out;
-  size_t p = 0;
-  while (p <= s.size()) {
-    const size_t q = std::min(s.find(',', p), s.size());
-    const std::string t = s.substr(p, q - p);
-    char* end = nullptr;
-    const double v = std::strtod(t.c_str(), &end);
-    if (t.empty() || *end != '\0' || v < 0 || v > 1) fail("--depths: expected numbers in [0, 1], got '" + s + "'");
-    out.push_back(v);
-    p = q + 1;
-  }
+  const std::vector<double> out = parse_number_list("--depths", s);
+  for (double v : out)
+    if (!(v >= 0 && v <= 1)) fail("--depths: expected numbers in [0, 1], got '" + s + "'");
   return out;
 }
 

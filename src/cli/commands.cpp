@@ -2,6 +2,7 @@
 
 #include "core/simd_target.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -14,6 +15,7 @@ int cmd_plan(const std::vector<std::string>& args);
 int cmd_inspect(const std::vector<std::string>& args);
 int cmd_init(const std::vector<std::string>& args);
 int cmd_convert(const std::vector<std::string>& args);
+int cmd_average(const std::vector<std::string>& args);
 int cmd_forward(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_chat(const std::vector<std::string>& args);
@@ -33,6 +35,7 @@ static const Command kCommands[] = {
     {"inspect", "list a checkpoint's tensors; check them against a config", cmd_inspect},
     {"init", "write a randomly initialised checkpoint for a config", cmd_init},
     {"convert", "rewrite a model directory with MXFP4 / plain experts and bf16 / f32 dense tensors", cmd_convert},
+    {"average", "the weighted mean of checkpoints of one model (snapshots of a run)", cmd_average},
     {"forward", "float32 logits of every position for given token ids", cmd_forward},
     {"generate", "generate tokens from a prompt (greedy or sampled), streaming", cmd_generate},
     {"chat", "chat in K3's XTML format (reasoning, tools), the session kept between turns", cmd_chat},
@@ -57,6 +60,22 @@ const Command* find_command(const std::string& name) {
 void announce_machine(const char* command) {
   blas_choose_core();  // before any product, so that the line names the set the run uses
   std::fprintf(stderr, "k3cpp %s: %s; OpenBLAS %s\n", command, machine_summary().c_str(), blas_core_name().c_str());
+}
+
+std::vector<double> parse_number_list(const std::string& option, const std::string& s) {
+  std::vector<double> out;
+  size_t p = 0;
+  while (p <= s.size()) {
+    const size_t q = std::min(s.find(',', p), s.size());
+    const std::string t = s.substr(p, q - p);
+    char* end = nullptr;
+    const double v = std::strtod(t.c_str(), &end);
+    if (t.empty() || *end != '\0')
+      fail(option + ": entry " + std::to_string(out.size() + 1) + " '" + t + "' is not a number (in '" + s + "')");
+    out.push_back(v);
+    p = q + 1;
+  }
+  return out;
 }
 
 void print_usage(FILE* out) {

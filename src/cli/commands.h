@@ -21,6 +21,10 @@ const Command* find_command(const std::string& name);
 void announce_machine(const char* command);
 void print_usage(FILE* out);
 
+// "1,0.5,2" -> {1, 0.5, 2}: the comma-separated numbers of option `option` (named, with the
+// entry, in the k3::Error thrown for an empty or non-numeric entry).
+std::vector<double> parse_number_list(const std::string& option, const std::string& s);
+
 // Parses "--key value", "--key=value" and "--flag" options plus positionals. Unknown
 // options or missing values throw k3::Error naming the option.
 class Args {

@@ -14,6 +14,14 @@ K3Config tiny_config(int64_t block_size, int64_t expert_width) {
   return c;
 }
 
+K3Config four_layer_config() {
+  K3Config c = tiny_config(2, 64);
+  c.num_hidden_layers = 4;
+  c.full_attn_layers = {4};
+  c.kda_layers = {1, 2, 3};
+  return c;
+}
+
 K3Model random_model(const K3Config& c, uint64_t seed, ExpertStorage ex) {
   InitOptions io;
   io.seed = seed, io.experts = ex;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/fixture.h"
+#include "common/random_model.h"
 #include "io/atomic_file.h"
 #include "kernels/gemm.h"
 #include "model/checkpoint.h"
@@ -47,17 +48,7 @@ std::vector<std::string> listing(const std::string& dir) {
   return v;
 }
 
-// tiny.json shrunk to 4 layers (3 KDA, 1 MLA, dense layer 0); expert width 64 so that MXFP4
-// storage is possible.
-K3Config small_config() {
-  K3Config c = load_config(std::string(K3_SOURCE_DIR) + "/configs/tiny.json");
-  c.num_hidden_layers = 4;
-  c.full_attn_layers = {4};
-  c.kda_layers = {1, 2, 3};
-  c.moe_intermediate_size = 64;
-  c.attn_res_block_size = 2;
-  return c;
-}
+K3Config small_config() { return k3::test::four_layer_config(); }
 
 // Expects `f` to throw k3::Error whose message contains every piece.
 template <typename F>
