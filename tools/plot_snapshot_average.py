@@ -13,7 +13,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plot_long_context import COLORS, H, W, Panel  # noqa: E402
+from plot_long_context import COLORS, H, W, Panel, esc  # noqa: E402
 
 
 def accuracy(path):
@@ -49,7 +49,10 @@ def main():
         for i, (run, steps, ys, avg) in enumerate(curves):
             color = COLORS[i % len(COLORS)]
             name = os.path.basename(os.path.normpath(run))
-            p.line(steps, ys, f"{name} (average {avg:.3f})", color)
+            p.line(steps, ys, "", color)
+            # The legend in the lower left, which the curves leave free (they start high).
+            p.items.append(f'<text x="{p.px(xs and min(xs)) + 8:.1f}" y="{H - 64 - 14 * (len(curves) - 1 - i):.1f}" '
+                           f'fill="{color}">{esc(name)} (average {avg:.3f})</text>')
             p.items.append(f'<line x1="{p.px(steps[0]):.1f}" y1="{p.py(avg):.1f}" x2="{p.px(steps[-1]):.1f}" '
                            f'y2="{p.py(avg):.1f}" stroke="{color}" stroke-width="2" stroke-dasharray="5 4"/>')
         panels.append(p)
