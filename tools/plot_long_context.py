@@ -103,18 +103,22 @@ def panels_for(path):
     return out
 
 
-def main():
-    if len(sys.argv) < 3:
-        sys.exit(__doc__)
-    panels = [p for f in sys.argv[2:] for p in panels_for(f)]
+def write_svg(path, panels):
+    """Stacks the panels vertically into one SVG, written under a temporary name, then renamed."""
+    import os
     body = "\n".join(p.svg(i * H) for i, p in enumerate(panels))
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H * len(panels)}" '
            f'font-family="sans-serif" font-size="12">\n{body}\n</svg>\n')
-    tmp = sys.argv[1] + ".tmp"
+    tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(svg)
-    import os
-    os.replace(tmp, sys.argv[1])
+    os.replace(tmp, path)
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    write_svg(sys.argv[1], [p for f in sys.argv[2:] for p in panels_for(f)])
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plot_long_context import COLORS, H, W, Panel, esc  # noqa: E402
+from plot_long_context import COLORS, H, Panel, esc, write_svg  # noqa: E402
 
 
 def accuracy(path):
@@ -56,13 +56,7 @@ def main():
             p.items.append(f'<line x1="{p.px(steps[0]):.1f}" y1="{p.py(avg):.1f}" x2="{p.px(steps[-1]):.1f}" '
                            f'y2="{p.py(avg):.1f}" stroke="{color}" stroke-width="2" stroke-dasharray="5 4"/>')
         panels.append(p)
-    body = "\n".join(p.svg(i * H) for i, p in enumerate(panels))
-    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H * len(panels)}" '
-           f'font-family="sans-serif" font-size="12">\n{body}\n</svg>\n')
-    tmp = sys.argv[1] + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(svg)
-    os.replace(tmp, sys.argv[1])
+    write_svg(sys.argv[1], panels)
 
 
 if __name__ == "__main__":
