@@ -12,7 +12,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "io/mmap_file.h"
+#include "io/atomic_file.h"
 #include "model/checkpoint.h"
 #include "model/weight_average.h"
 
@@ -25,11 +25,6 @@ const char* kAverageUsage =
     "  directory (f32, plain experts) with the inputs' vocabulary files\n"
     "  --weights  one non-negative weight per model, normalised to sum 1 (default: equal)\n"
     "  --force    replace a non-empty output directory\n";
-
-std::string read_file(const std::filesystem::path& p) {
-  const std::shared_ptr<MappedFile> f = MappedFile::open(p.string());
-  return f->size() ? std::string(reinterpret_cast<const char*>(f->data()), f->size()) : std::string();
-}
 
 }  // namespace
 
@@ -59,11 +54,10 @@ int cmd_average(const std::vector<std::string>& args) {
       fail_input(out, "", "directory exists and is not empty (pass --force to replace it)");
   }
   // The vocabulary must be one: present in every input or in none, byte for byte the same.
-  const std::vector<std::string> vocab_files = {"tiktoken.model", "tokenizer_config.json", "tokenizer.json"};
-  for (const std::string& f : vocab_files) {
+  for (const std::string& f : vocabulary_file_names()) {
     const fs::path first = fs::path(dirs[0]) / f;
     const bool in_first = fs::exists(first, ec);
-    const std::string first_bytes = in_first ? read_file(first) : std::string();
+    const std::string first_bytes = in_first ? read_file_bytes(first.string(), "vocabulary file") : std::string();
     for (size_t i = 1; i < dirs.size(); ++i) {
       const fs::path p = fs::path(dirs[i]) / f;
       const bool here = fs::exists(p, ec);
@@ -71,20 +65,14 @@ int cmd_average(const std::vector<std::string>& args) {
         fail_input(here ? p.string() : first.string(), "",
                    here ? "present here but not in the first model: the models' vocabularies differ"
                         : "present here but missing from " + dirs[i] + ": the models' vocabularies differ");
-      if (here && read_file(p) != first_bytes)
+      if (here && read_file_bytes(p.string(), "vocabulary file") != first_bytes)
         fail_input(p.string(), "", "differs from " + first.string() + ": the models' vocabularies differ");
     }
   }
 
   const AveragedModel avg = average_model_dirs(dirs, weights);
   SaveOptions so;  // f32 dense, plain experts: the average is not re-quantised
-  so.before_commit = [&](const std::string& tmp) {
-    for (const std::string& f : vocab_files) {
-      const fs::path src = fs::path(dirs[0]) / f;
-      if (fs::exists(src, ec) && !fs::copy_file(src, fs::path(tmp) / f, fs::copy_options::overwrite_existing, ec))
-        fail_input(src.string(), "", "cannot be copied into the new directory: " + ec.message());
-    }
-  };
+  so.before_commit = [&](const std::string& tmp) { copy_vocabulary_files(dirs[0], tmp); };
   const std::vector<std::string> files = save_checkpoint(out, avg.weights, so);
   uint64_t bytes = 0;
   for (const std::string& f : files) bytes += uint64_t(fs::file_size(f, ec));

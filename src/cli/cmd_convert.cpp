@@ -61,14 +61,7 @@ int cmd_convert(const std::vector<std::string>& args) {
                    "MXFP4 experts need widths that are multiples of 32 (the expert's widths are " +
                        std::to_string(md.config.routed_expert_hidden_size) + " and " +
                        std::to_string(md.config.moe_intermediate_size) + "): use --experts plain");
-  const std::vector<std::string> vocab_files = {"tiktoken.model", "tokenizer_config.json", "tokenizer.json"};
-  so.before_commit = [&](const std::string& tmp) {
-    for (const std::string& f : vocab_files) {
-      const fs::path src = fs::path(in) / f;
-      if (fs::exists(src, ec) && !fs::copy_file(src, fs::path(tmp) / f, fs::copy_options::overwrite_existing, ec))
-        fail_input(src.string(), "", "cannot be copied into the new directory: " + ec.message());
-    }
-  };
+  so.before_commit = [&](const std::string& tmp) { copy_vocabulary_files(in, tmp); };
   so.tokenizer_json.clear();  // copied as it was, not regenerated
   const K3Model m = load_model(md);  // f32 dense, experts as stored (re-encoded or widened by the save)
   const std::vector<std::string> files = save_checkpoint(out, m.weights(), so);

@@ -5,8 +5,6 @@
 // user text: `<|open|>` and the like stay ordinary text; --allow-special encodes it as a
 // control segment, where special names become their ids.
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "cli/commands.h"
@@ -27,15 +25,6 @@ const char* kTokenizeUsage =
     "  --allow-special  special token names in the text become their ids (a control segment)\n"
     "  --ids-out        write the ids to FILE instead of stdout\n";
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail_system("cannot open the text file", path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) fail_system("cannot read the text file", path);
-  return ss.str();
-}
-
 }  // namespace
 
 int cmd_tokenize(const std::vector<std::string>& args) {
@@ -51,7 +40,7 @@ int cmd_tokenize(const std::vector<std::string>& args) {
   if (bool(text) == bool(file)) fail("give exactly one of --text and --file");
   const PatternKind pattern = parse_pattern_kind(a.get_or("pattern", "kimi"));
   const Tiktoken tok = Tiktoken::load(*vocab, pattern);
-  const std::vector<int32_t> ids = tok.encode(text ? *text : read_file(*file), a.flag("allow-special"));
+  const std::vector<int32_t> ids = tok.encode(text ? *text : read_file_bytes(*file, "the text file"), a.flag("allow-special"));
   std::string out;
   out.reserve(ids.size() * 7);
   for (size_t i = 0; i < ids.size(); ++i) {

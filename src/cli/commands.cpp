@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 
 #include "core/error.h"
 #include "kernels/blas_core.h"
@@ -76,6 +77,21 @@ std::vector<double> parse_number_list(const std::string& option, const std::stri
     p = q + 1;
   }
   return out;
+}
+
+const std::vector<std::string>& vocabulary_file_names() {
+  static const std::vector<std::string> names = {"tiktoken.model", "tokenizer_config.json", "tokenizer.json"};
+  return names;
+}
+
+void copy_vocabulary_files(const std::string& from_dir, const std::string& to_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const std::string& f : vocabulary_file_names()) {
+    const fs::path src = fs::path(from_dir) / f;
+    if (fs::exists(src, ec) && !fs::copy_file(src, fs::path(to_dir) / f, fs::copy_options::overwrite_existing, ec))
+      fail_input(src.string(), "", "cannot be copied into the new directory: " + ec.message());
+  }
 }
 
 void print_usage(FILE* out) {

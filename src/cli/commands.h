@@ -25,6 +25,12 @@ void print_usage(FILE* out);
 // entry, in the k3::Error thrown for an empty or non-numeric entry).
 std::vector<double> parse_number_list(const std::string& option, const std::string& s);
 
+// The vocabulary files a model directory may hold (tiktoken.model, tokenizer_config.json,
+// tokenizer.json), and a copy of those present in `from_dir` into `to_dir` (k3::Error naming
+// the file that cannot be copied). convert and average carry them into the models they write.
+const std::vector<std::string>& vocabulary_file_names();
+void copy_vocabulary_files(const std::string& from_dir, const std::string& to_dir);
+
 // Parses "--key value", "--key=value" and "--flag" options plus positionals. Unknown
 // options or missing values throw k3::Error naming the option.
 class Args {

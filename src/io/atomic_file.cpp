@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -69,6 +71,15 @@ void write_file_atomic(const std::string& path, const std::function<void(std::FI
 
 void write_text_file_atomic(const std::string& path, const std::string& text) {
   write_file_atomic(path, [&](std::FILE* f) { std::fwrite(text.data(), 1, text.size(), f); });
+}
+
+std::string read_file_bytes(const std::string& path, const std::string& what) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail_system("cannot open " + what, path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) fail_system("cannot read " + what, path);
+  return ss.str();
 }
 
 void make_directories(const std::string& dir) {

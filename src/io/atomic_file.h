@@ -18,6 +18,9 @@ void write_text_file_atomic(const std::string& path, const std::string& text);
 // The temporary name write_file_atomic uses for `path` in this process.
 std::string atomic_temp_path(const std::string& path);
 
+// The whole file as bytes; `what` names it in the k3::Error ("cannot open <what> '<path>'").
+std::string read_file_bytes(const std::string& path, const std::string& what);
+
 // Creates `dir` and any missing parents (like mkdir -p); k3::Error naming the path on failure.
 void make_directories(const std::string& dir);
 

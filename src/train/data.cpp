@@ -4,22 +4,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "core/error.h"
+#include "io/atomic_file.h"
 
 namespace k3 {
 
 namespace fs = std::filesystem;
-
-static std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail_system("cannot open corpus file", path);
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // `bible` prints chapters as "Genesis 1" header lines after a blank line, then verses
 // indented by spaces and wrapped at COLUMNS; one document per chapter.
@@ -61,11 +53,11 @@ Corpus load_corpus(const std::string& spec) {
       if (e.is_regular_file()) files.push_back(e.path().string());
     std::sort(files.begin(), files.end());
     for (auto& f : files) {
-      std::string t = read_file(f);
+      std::string t = read_file_bytes(f, "corpus file");
       if (!t.empty()) c.documents.push_back(std::move(t));
     }
   } else if (fs::exists(spec, ec)) {
-    std::string t = read_file(spec);
+    std::string t = read_file_bytes(spec, "corpus file");
     size_t start = 0;
     while (start < t.size()) {  // form feeds separate documents when present
       size_t ff = t.find('\f', start);
