@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The edge-of-competence RL run of the post-training demonstration (docs/post-training.md,
 # "The edge run"): from an SFT model, RL with a curriculum restricted to the band where the
-# SFT model is at the edge of its competence (K3_REFERENCE section 12: RL helps there), then
+# SFT model is at the edge of its competence (docs/model.md section 12: RL helps there), then
 # the SFT and RL models evaluated on that band with enough problems for a standard error near
 # 0.05 (the same problems and the same draws for both models: a paired comparison), a check
 # that a low-effort tool answer fits its budget, report.json, report.md and curves.svg.

@@ -2,7 +2,7 @@
 """Plain-PyTorch chunked KDA forward, timed on the inputs that bench_kda writes.
 
 The baseline for docs/benchmarks.md ("KDA chunked kernel"): the structure of
-flash-linear-attention's naive_chunk_kda (K3_REFERENCE section 3), f32, batched over heads
+flash-linear-attention's naive_chunk_kda (docs/model.md section 3), f32, batched over heads
 and chunks: the in-chunk decays are formed pairwise per key position j (e^(G_i - G_j), the
 upper triangle masked), the UT transform by a batched triangular solve, then the sequential
 chunk loop with batched matmuls over heads. Output and final state are written back so that

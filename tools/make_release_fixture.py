@@ -18,7 +18,7 @@ only the sizes are tiny:
     values in 128 entries);
   - the output AttnRes read as `language_model.model.output_attn_res_{norm,proj}.weight`;
   - tiktoken.model (`<base64 bytes> <rank>` per line) with 256 byte tokens and 32 merges, then
-    256 reserved special ids laid out as K3's after its base vocabulary (K3_CHAT.md section 1:
+    256 reserved special ids laid out as K3's after its base vocabulary (docs/model.md section 14:
     [BOS] +0, [EOS] +1, <|end_of_msg|> +2, <|open|> +3, <|close|> +4, <|sep|> +5,
     <|media_begin|> +18 .. <|media_pad|> +21, [UNK] +254, [PAD] +255), named in
     tokenizer_config.json's added_tokens_decoder.
@@ -272,7 +272,7 @@ def bpe_merges(text, n):
     return merges
 
 
-# K3's named special ids, as offsets after its base vocabulary (K3_CHAT.md section 1);
+# K3's named special ids, as offsets after its base vocabulary (docs/model.md section 14);
 # <|open|>, <|close|>, <|sep|> are not flagged special.
 SPECIALS = [(0, "[BOS]", True), (1, "[EOS]", True), (2, "<|end_of_msg|>", True), (3, "<|open|>", False),
             (4, "<|close|>", False), (5, "<|sep|>", False), (18, "<|media_begin|>", True),

@@ -1,6 +1,6 @@
 // Element types and scalar conversions. bf16/f16 conversions round to nearest even;
 // MXFP4 (OCP microscaling: E2M1 nibbles, one E8M0 scale per 32 values) decodes per
-// K3_REFERENCE section 8 and fixture mxfp4.json (low nibble = even element).
+// docs/model.md section 8 and fixture mxfp4.json (low nibble = even element).
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -1,6 +1,6 @@
 // The embedding and the lm_head streamed from the checkpoint (memory-limited inference when
 // they do not fit the budget beside the trunk: 4.70 GB of the full K3's bf16 weights,
-// K3_REFERENCE section 9; the public C engine streams them too). The model's HeadProvider
+// docs/model.md section 9; the public C engine streams them too). The model's HeadProvider
 // (model/head_provider.h):
 //  - embedding rows on demand: one pread per token (the row's 4096-byte aligned window with
 //    O_DIRECT, into a small owned buffer), widened to f32 exactly as the loader and mat_row do;

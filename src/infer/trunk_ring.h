@@ -1,5 +1,5 @@
 // The dense trunk streamed layer by layer through a ring (memory-limited inference when the
-// trunk does not fit the budget; K3_REFERENCE section 9, where the public C engine does the
+// trunk does not fit the budget; docs/model.md section 9, where the public C engine does the
 // same with a pinned prefix). The model's TrunkProvider (model/trunk_provider.h):
 //  - N slots (2 by default: one layer computes while the next is read) in one owned arena
 //    (anonymous mmap, 2 MiB aligned, MADV_HUGEPAGE, faulted in at construction), each sized

@@ -1,6 +1,6 @@
 // Memory-limited inference: the routed experts are read from the checkpoint on demand into an
 // expert cache the engine owns, so that a RAM budget is real anonymous memory, not page cache
-// (K3_REFERENCE section 9). The dense trunk is resident (owned copies) when it fits the
+// (docs/model.md section 9). The dense trunk is resident (owned copies) when it fits the
 // budget, else its layers' matrices stream through a ring (infer/trunk_ring.h).
 //
 // ExpertStreamer is the MoE layers' ExpertProvider (kernels/moe.h):

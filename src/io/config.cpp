@@ -1,4 +1,4 @@
-// K3 config parsing and validation (K3_REFERENCE section 1). Three accepted layouts:
+// K3 config parsing and validation (docs/model.md section 1). Three accepted layouts:
 //  - Hugging Face: {"text_config": {..., "linear_attn_config": {num_heads, head_dim,
 //    short_conv_kernel_size, gate_lower_bound, full_attn_layers, kda_layers},
 //    "activation_situ_beta", "activation_situ_linear_beta"}};
@@ -137,7 +137,7 @@ void validate_impl(const K3Config& c, const std::string& src, const FieldPaths& 
   positive(c.moe_intermediate_size, "moe_intermediate_size");
   if (c.num_shared_experts < 0)
     fail_input(src, f("num_shared_experts"), "must be >= 0, got " + std::to_string(c.num_shared_experts));
-  // QB reads the (k+1)-th largest score (K3_REFERENCE section 6), so k < E strictly.
+  // QB reads the (k+1)-th largest score (docs/model.md section 6), so k < E strictly.
   if (c.num_experts_per_token <= 0 || c.num_experts_per_token >= c.num_experts)
     fail_input(src, f("num_experts_per_token"),
                "top-k " + std::to_string(c.num_experts_per_token) + " must satisfy 0 < k < num_experts (" +
@@ -205,7 +205,7 @@ void parse_quantization(const json& q, const std::string& where, const std::stri
   if (!q.contains("quant_method") || q.at("quant_method").is_null())
     fail_input(src, w + "quant_method", "required field is missing");
   out.quant_method = get_string(q, "quant_method", w + "quant_method", src);
-  // Only the release's scheme: compressed-tensors packing of MXFP4 (K3_REFERENCE section 8).
+  // Only the release's scheme: compressed-tensors packing of MXFP4 (docs/model.md section 8).
   if (out.quant_method != "compressed-tensors")
     fail_input(src, w + "quant_method",
                "unsupported quantization method \"" + out.quant_method +
@@ -435,7 +435,7 @@ K3Config parse_json(const json& root, const std::string& src) {
       k.integer(c.kda_head_dim, "kda_head_dim", {"kda_head_dim"}, true);
     }
     k.integer(c.short_conv_kernel_size, "short_conv_kernel_size", {"short_conv_kernel_size"}, false);
-    // Missing or null: the unbounded Kimi Linear gate (K3_REFERENCE section 3).
+    // Missing or null: the unbounded Kimi Linear gate (docs/model.md section 3).
     c.has_gate_lower_bound = false;
     if (k.find("gate_lower_bound", {"gate_lower_bound"})) {
       k.number(c.gate_lower_bound, "gate_lower_bound", {"gate_lower_bound"}, true);

@@ -1,6 +1,6 @@
 // K3 model configuration: parsed from a Hugging Face config.json (nested `text_config`
 // with `linear_attn_config`) or from the flat form used by the fixtures
-// (tests/data/k3-fixtures/ops/MANIFEST.json "config"). K3_REFERENCE section 1.
+// (tests/data/k3-fixtures/ops/MANIFEST.json "config"). docs/model.md section 1.
 // The released config.json also carries, and this parser checks: top-level `model_type`
 // "kimi_k3", `architectures`, the special token ids, `text_config.quantization_config`
 // (compressed-tensors mxfp4-pack-quantized, for the routed experts) and `vision_config`
@@ -62,7 +62,7 @@ struct K3Config {
     std::vector<std::string> ignore;        // module patterns kept unquantised ("re:.*self_attn.*")
   } quantization;
 
-  // `vision_config` (MoonViT-V2, K3_REFERENCE section 11). Integer sizes are 0 where the file
+  // `vision_config` (MoonViT-V2, docs/model.md section 11). Integer sizes are 0 where the file
   // does not give them (model/vision_config.h resolves them to the released defaults); the
   // variant fields hold the released values unless the file says otherwise, and any other
   // variant (layernorm, biases, bicubic, another merge or projector) is refused when parsed.

@@ -2,7 +2,7 @@
 // `added_tokens_decoder` maps id strings to {"content": name, "special": bool, ...}. As in
 // the reference (tokenization_kimi.py), the 256 ids after the base vocabulary are special;
 // ids the config does not name are `<|reserved_token_ID|>`. K3's own layout of those ids
-// (K3_CHAT.md section 1) is here too, for the trainer to write.
+// (docs/model.md section 14) is here too, for the trainer to write.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -1,4 +1,4 @@
-// Elementwise activations: sigmoid, SiLU, softplus, and SiTU-GLU (K3_REFERENCE section 5;
+// Elementwise activations: sigmoid, SiLU, softplus, and SiTU-GLU (docs/model.md section 5;
 // fixture ops/situ_glu.json): SiTU(g, u) = [b1 tanh(g/b1) sigmoid(g)] * [b2 tanh(u/b2)],
 // the sigmoid sees the uncapped g, so |SiTU| <= b1 * b2 (= 100 for K3).
 #pragma once

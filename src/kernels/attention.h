@@ -1,4 +1,4 @@
-// Causal softmax attention (the core of the MLA mixer, K3_REFERENCE section 4), one sequence.
+// Causal softmax attention (the core of the MLA mixer, docs/model.md section 4), one sequence.
 // Queries sit at absolute positions [P, P + Tq) and attend to keys [0, P + Tq) (a prefix of P
 // cached tokens: decode and chunked prefill); query i sees keys j <= P + i.
 //   s_ij = scale * (q_i[:Dk] . k_j[:Dk] + q_i[Dk:] . kr_j),  p = softmax_j(s),  o_i = sum_j p_ij v_j

@@ -1,4 +1,4 @@
-// Attention-Residual read (K3_REFERENCE section 2; fixture ops/attnres.json). Over S sources
+// Attention-Residual read (docs/model.md section 2; fixture ops/attnres.json). Over S sources
 // (the completed block sums, then the current partial sum), per token:
 //   score_s = w_p . (w_n * RMSNorm(src_s))     (no 1/sqrt(d), no temperature; eps like rms_norm_eps)
 //   alpha   = softmax_s(score)
@@ -19,7 +19,7 @@ void attn_res_forward(T* out, T* alpha, const T* const* sources, int64_t S, cons
 // Backward of attn_res_forward, from its saved alpha [T, S]. dsources: S pointers, each
 // [T, d], ACCUMULATED (+=): the sources are streams summed into, so the caller's gradient of
 // a block or of the partial sum just grows; none may alias dout. dw_norm, dw_proj [d] (+=).
-// The two parameter vectors' gradients are kept apart (K3_REFERENCE section 2):
+// The two parameter vectors' gradients are kept apart (docs/model.md section 2):
 //   dalpha_s = dout . src_s;  dscore_s = alpha_s (dalpha_s - sum_s' alpha_s' dalpha_s')
 //   dsrc_s  += alpha_s dout + dscore_s d score_s / d src_s
 //   dw_p    += sum dscore_s rstd_s w_n * src_s;   dw_n += sum dscore_s rstd_s w_p * src_s

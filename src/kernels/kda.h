@@ -1,4 +1,4 @@
-// Kimi Delta Attention core (K3_REFERENCE section 3; fixtures ops/kda_recur1.json, kda_recur8.json).
+// Kimi Delta Attention core (docs/model.md section 3; fixtures ops/kda_recur1.json, kda_recur8.json).
 // Per head h, with alpha_t = exp(g_t) (one decay per key channel) and state S [Dk, Dv]:
 //   S = diag(alpha_t) S;  u = S^T k_t;  S = S + k_t (beta_t (v_t - u))^T;  o_t = S^T (scale * q_t)
 // q and k are used as given (the mixer L2-normalises them first); `scale` multiplies q

@@ -1,4 +1,4 @@
-// Plain KDA backward references (contract in kda_backward_ref.h; K3_REFERENCE section 3).
+// Plain KDA backward references (contract in kda_backward_ref.h; docs/model.md section 3).
 // Written for clarity: one head at a time, states recomputed from checkpoints, every line of
 // a backward quotes the forward line it differentiates.
 #include "kernels/kda_backward_ref.h"

@@ -1,4 +1,4 @@
-// Plain references for the KDA backward (K3_REFERENCE section 3), the first two links of
+// Plain references for the KDA backward (docs/model.md section 3), the first two links of
 // the chain of trust for kda_chunk_fast_backward (kda_fast.h):
 //   kda_recurrent_backward  reverse mode through the token recurrence of kda.h, token by
 //                           token (checked against finite differences in double);

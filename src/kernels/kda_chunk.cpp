@@ -1,4 +1,4 @@
-// Plain chunkwise KDA (contract and formulas in kda.h; K3_REFERENCE section 3, "Chunkwise
+// Plain chunkwise KDA (contract and formulas in kda.h; docs/model.md section 3, "Chunkwise
 // form"; the public reference is fla's naive_chunk_kda). Simple and exact rather than fast:
 // the in-chunk decay factors e^(gamma_i - gamma_j), i >= j, are formed pairwise per channel
 // (at most 1 since g <= 0), so nothing overflows whatever the gate; the chunk-level products

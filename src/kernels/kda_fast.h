@@ -1,5 +1,5 @@
 // Fast chunked Kimi Delta Attention: forward, backward and the one-token decode step
-// (K3_REFERENCE section 3; plain references: kernels/kda.h, kernels/kda_backward_ref.h).
+// (docs/model.md section 3; plain references: kernels/kda.h, kernels/kda_backward_ref.h).
 // Same recurrence and layouts as kda.h, one sequence, heads in parallel (OpenMP):
 //   q, k, g [Tn, H, Dk]; v, o [Tn, H, Dv]; beta [Tn, H]; state [H, Dk, Dv] f32;
 //   per token: S = diag(e^g) S;  u = S^T k;  S += k (beta (v - u))^T;  o = S^T (scale q).

@@ -1,6 +1,6 @@
 // Fast chunked KDA, the parts shared by forward and backward (kda_fast_impl.h): workspace,
 // vectorised exp, chunk preparation with the tile anchors, the intra-chunk tiles (dense, or
-// safe on the diagonal) and the UT transform. K3_REFERENCE section 3, "Chunkwise form".
+// safe on the diagonal) and the UT transform. docs/model.md section 3, "Chunkwise form".
 #include <omp.h>
 
 #include <algorithm>

@@ -1,5 +1,5 @@
 // Fast chunked KDA forward and the vectorised decode step (contract in kda_fast.h;
-// K3_REFERENCE section 3). Each OpenMP thread takes a contiguous group of heads and runs them
+// docs/model.md section 3). Each OpenMP thread takes a contiguous group of heads and runs them
 // chunk-major; per chunk everything lives in the thread's scratch (about 1 MB), so the memory
 // traffic is the inputs, o, and (when training) the saved per-chunk quantities.
 #include <omp.h>

@@ -15,7 +15,7 @@
 
 namespace k3::kda_fast {
 
-constexpr int64_t kTile = 16;  // sub-tile size (K3_REFERENCE section 3)
+constexpr int64_t kTile = 16;  // sub-tile size (docs/model.md section 3)
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 

@@ -16,7 +16,7 @@ void kda_gate_forward(T* g, const T* z, const T* A_log, const T* dt_bias, int64_
 #pragma omp parallel for schedule(static) if (Tn * HD > 65536)
   for (int64_t t = 0; t < Tn; ++t) {
     for (int64_t h = 0; h < H; ++h) {
-      const T a = std::exp(A_log[h]);  // per head, K3_REFERENCE section 3
+      const T a = std::exp(A_log[h]);  // per head, docs/model.md section 3
       const int64_t base = t * HD + h * D;
       if (bounded) {
         for (int64_t i = 0; i < D; ++i) g[base + i] = lb * sigmoid(a * (z[base + i] + dt_bias[h * D + i]));

@@ -1,4 +1,4 @@
-// KDA log-decay gate (K3_REFERENCE section 3; fixture ops/kda_decay.json). For token t, head h,
+// KDA log-decay gate (docs/model.md section 3; fixture ops/kda_decay.json). For token t, head h,
 // key channel i (c = h*D + i):
 //   bounded (K3):           g = lower_bound * sigmoid(exp(A_log[h]) * (z[t, c] + dt_bias[c]))
 //   unbounded (Kimi Linear): g = -exp(A_log[h]) * softplus(z[t, c] + dt_bias[c])

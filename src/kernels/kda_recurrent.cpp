@@ -1,5 +1,5 @@
 // KDA recurrence: the plain token-by-token reference and the single-token decode step
-// (contract in kda.h; K3_REFERENCE section 3; fixtures ops/kda_recur1.json, kda_recur8.json).
+// (contract in kda.h; docs/model.md section 3; fixtures ops/kda_recur1.json, kda_recur8.json).
 #include <cmath>
 
 #include "core/error.h"

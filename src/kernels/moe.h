@@ -1,8 +1,8 @@
 // Routed SiTU-GLU experts over already-routed rows (the expert part of Stable LatentMoE,
-// K3_REFERENCE section 5): for token t with selected experts e_i and weights p_i,
+// docs/model.md section 5): for token t with selected experts e_i and weights p_i,
 //   u[t] = sum_i p_i * W2_{e_i} SiTU(W1_{e_i} z[t], W3_{e_i} z[t])
 // with z [T, n_in] (the latent rows), W1, W3 [F, n_in], W2 [n_in, F] (nn.Linear layout).
-// Expert matrices are f32 or MXFP4 (the checkpoint's format, K3_REFERENCE section 8).
+// Expert matrices are f32 or MXFP4 (the checkpoint's format, docs/model.md section 8).
 //
 // Fast path (grouped): assignments are bucketed by expert (counting sort, stable by token);
 // per expert with tokens, its rows of z are gathered into one block and go through one product

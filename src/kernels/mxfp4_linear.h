@@ -1,4 +1,4 @@
-// Products with MXFP4 weight matrices (K3_REFERENCE section 8; fixture mxfp4.json): W [out, in]
+// Products with MXFP4 weight matrices (docs/model.md section 8; fixture mxfp4.json): W [out, in]
 // stored as packed E2M1 nibbles [out, in/2] (byte j: element 2j low nibble, 2j+1 high) and
 // one E8M0 scale per 32 values [out, in/32], the routed experts' checkpoint format.
 //

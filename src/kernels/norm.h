@@ -1,4 +1,4 @@
-// RMSNorm and L2 norm, forward and backward (K3_REFERENCE sections 2-4; fixture ops/rmsnorm.json).
+// RMSNorm and L2 norm, forward and backward (docs/model.md sections 2-4; fixture ops/rmsnorm.json).
 // Templates on the scalar type so gradient checks can run in double; rows are independent
 // and parallelised across OpenMP threads.
 #pragma once
@@ -43,7 +43,7 @@ void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T
   }
 }
 
-// y = x / sqrt(sum(x^2) + eps) per row (KDA q, k: eps 1e-6, K3_REFERENCE section 3).
+// y = x / sqrt(sum(x^2) + eps) per row (KDA q, k: eps 1e-6, docs/model.md section 3).
 // inv[r] (optional) = 1 / sqrt(sum x^2 + eps).
 template <typename T>
 void l2norm_forward(T* y, T* inv, const T* x, int64_t rows, int64_t dim, double eps) {

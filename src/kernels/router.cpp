@@ -41,7 +41,7 @@ void router_forward(int32_t* topk_idx, T* topk_w, T* scores, const T* x, const M
     for (int64_t e = 0; e < E; ++e) s[e] = sigmoid(s[e]);
     int32_t* idx = topk_idx + t * k;
     router_select_topk(idx, s, bias, E, k);
-    // Mixture weights from the UNBIASED scores (K3_REFERENCE section 5).
+    // Mixture weights from the UNBIASED scores (docs/model.md section 5).
     T sum = 0;
     for (int64_t i = 0; i < k; ++i) sum += s[idx[i]];
     const T mul = renorm ? T(scale) / (sum + T(1e-20)) : T(scale);

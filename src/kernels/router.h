@@ -1,4 +1,4 @@
-// Sigmoid top-k router with a selection-only balancing bias (K3_REFERENCE section 5; fixture
+// Sigmoid top-k router with a selection-only balancing bias (docs/model.md section 5; fixture
 // ops/router.json):
 //   s = sigmoid(W_r x)                      scores, [T, E]
 //   selected = top_k(s + b)                 the bias b (e_score_correction_bias) only selects
@@ -18,7 +18,7 @@ template <typename T>
 void router_forward(int32_t* topk_idx, T* topk_w, T* scores, const T* x, const MatT<T>& W_r, const T* bias,
                     int64_t Tn, int64_t d, int64_t E, int64_t k, bool renorm, double scale);
 
-// Backward of router_forward for a fixed selection (training; K3_REFERENCE section 5): the
+// Backward of router_forward for a fixed selection (training; docs/model.md section 5): the
 // gradient flows through the UNBIASED sigmoid scores of the selected experts and the
 // renormalisation; the balancing bias only selected, so it gets no gradient at all.
 //   w_i = c s_i / Z (renorm: c = scale, Z = sum_sel s + 1e-20; else w_i = scale s_i)
@@ -33,7 +33,7 @@ void router_backward(T* dx, T* dW_r, T* dlogits, const T* dtopk_w, const T* dsco
                      const T* scores, const T* x, const T* W_r, int64_t Tn, int64_t d, int64_t E, int64_t k,
                      bool renorm, double scale);
 
-// Switch-style auxiliary balance loss (the baseline of K3_REFERENCE section 6) over one
+// Switch-style auxiliary balance loss (the baseline of docs/model.md section 6) over one
 // batch of T tokens; returns its value and assigns its gradient w.r.t. the sigmoid scores
 // into dscores [T, E] (may be null), to be passed to router_backward:
 //   L   = alpha E sum_j f_j P_j

@@ -1,5 +1,5 @@
 // Bidirectional softmax attention over packed segments (the vision encoder's variable-length
-// attention, K3_REFERENCE section 11): the tokens of several images sit in one sequence, and
+// attention, docs/model.md section 11): the tokens of several images sit in one sequence, and
 // a token attends to every token of its own segment and to no other (a block-diagonal mask,
 // as flash_attn_varlen_func with cu_seqlens and causal=False in the released encoder).
 //   s_ij = scale q_i . k_j (i, j in one segment),  p = softmax_j(s),  o_i = sum_j p_ij v_j

@@ -1,4 +1,4 @@
-// Causal depthwise short convolution with fused SiLU and carried state (K3_REFERENCE section 3;
+// Causal depthwise short convolution with fused SiLU and carried state (docs/model.md section 3;
 // fixture ops/shortconv.json). Channel c of token t:
 //   pre[t, c] = sum_{j<K} w[c, j] * x_ext[t - (K-1) + j, c],   y[t, c] = SiLU(pre[t, c]),
 // taps ordered oldest to newest, where x_ext is the carried state (the last K-1 inputs of the

@@ -1,4 +1,4 @@
-// Vectorised SiTU for the float inference and training forwards (K3_REFERENCE section 5;
+// Vectorised SiTU for the float inference and training forwards (docs/model.md section 5;
 // fixture ops/situ_glu.json): out[i] = b1 tanh(g[i]/b1) sigmoid(g[i]) * b2 tanh(u[i]/b2),
 // the scalar `situ` of kernels/activations.h computed a vector at a time on every SIMD target
 // (Highway; core/simd_target.h). libm's tanhf/expm1f per element cost more than the expert

@@ -1,4 +1,4 @@
-// The MoonViT-V2 encoder's own ops (K3_REFERENCE section 11), forward and backward, templated on
+// The MoonViT-V2 encoder's own ops (docs/model.md section 11), forward and backward, templated on
 // the scalar type so the gradient checks run in double. Facts from the released Kimi-VL MoonViT
 // code (vLLM moonvit.py) and public K3 vision loaders: the position table is resampled like
 // F.interpolate(mode="bilinear", align_corners=False); the 2D rotary embedding gives pair

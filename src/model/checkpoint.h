@@ -1,4 +1,4 @@
-// Checkpoints in the released layout (K3_REFERENCE sections 1, 5, 8; names from
+// Checkpoints in the released layout (docs/model.md sections 1, 5, 8; names from
 // model/param_specs.h): a directory with config.json (Hugging Face nested form), the weights
 // as safetensors shards (model.safetensors, or model-0000i-of-0000N.safetensors + index) under
 // the `language_model.model.` names, and optionally tokenizer.json (io/tokenizer.h).

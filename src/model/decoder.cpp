@@ -1,4 +1,4 @@
-// One decoder layer with Block Attention Residuals, forward (see decoder.h; K3_REFERENCE
+// One decoder layer with Block Attention Residuals, forward (see decoder.h; docs/model.md
 // section 2). The backward is in decoder_backward.cpp.
 #include "model/decoder.h"
 

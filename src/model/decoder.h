@@ -1,4 +1,4 @@
-// One K3 decoder layer with Block Attention Residuals (K3_REFERENCE section 2; fixtures
+// One K3 decoder layer with Block Attention Residuals (docs/model.md section 2; fixtures
 // ops/layer_kda.json, ops/layer_mla.json). Wiring only: the mixers, FFNs and the AttnRes read
 // are computed by model/kda_mixer.h, mla_mixer.h, moe_block.h, dense_ffn.h, kernels/attn_res.h.
 //

@@ -1,4 +1,4 @@
-// Backward of one decoder layer with Block Attention Residuals (see decoder.h; K3_REFERENCE
+// Backward of one decoder layer with Block Attention Residuals (see decoder.h; docs/model.md
 // section 2): the five forward steps reversed from the LayerRecordT of a training forward.
 // Gradient rule (llm.c): parameter gradients accumulate (+=); activation gradients are
 // assigned, except the block-state gradients (blocks and partial sum), which are streams

@@ -1,5 +1,5 @@
 // Dense SiTU-GLU feed-forward (layer 0 of K3, and the fused shared experts of every MoE
-// layer; K3_REFERENCE section 5): y = W_down SiTU(W_gate x, W_up x), forward and backward.
+// layer; docs/model.md section 5): y = W_down SiTU(W_gate x, W_up x), forward and backward.
 #pragma once
 #include <cstdint>
 

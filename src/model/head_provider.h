@@ -1,4 +1,4 @@
-// Memory-limited inference with the embedding and the lm_head streamed (K3_REFERENCE section
+// Memory-limited inference with the embedding and the lm_head streamed (docs/model.md section
 // 9: for the full K3 they are 4.70 GB in bf16, more than half of an 8 GB budget): the model
 // holds neither (ParamLayout::streamed) and a HeadProvider supplies embedding rows on demand
 // and the lm_head in blocks of rows (infer/head_stream.h reads them from the checkpoint into

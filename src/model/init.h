@@ -5,7 +5,7 @@
 //
 // Recipes, per parameter (init_rule):
 //  - Zeros: AttnRes pseudo-queries (*_res_proj; "Attention Residuals", arXiv 2603.15031:
-//    zero queries start as uniform mixing; K3_REFERENCE section 2) and the router correction
+//    zero queries start as uniform mixing; docs/model.md section 2) and the router correction
 //    bias (e_score_correction_bias; DeepSeek loss-free balancing starts it at 0).
 //  - Ones: every RMSNorm gain (layer norms, res_norm, q/kv latent norms, o_norm, the latent
 //    MoE norm, the final norm).

@@ -1,4 +1,4 @@
-// The K3 stack (see k3_model.h; K3_REFERENCE section 2).
+// The K3 stack (see k3_model.h; docs/model.md section 2).
 #include "model/k3_model.h"
 
 #include <algorithm>

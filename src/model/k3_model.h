@@ -1,4 +1,4 @@
-// The K3 stack (K3_REFERENCE section 2): token embedding, the decoder layers with Block
+// The K3 stack (docs/model.md section 2): token embedding, the decoder layers with Block
 // Attention Residuals (model/decoder.h), the output AttnRes read (output_attn_res_norm /
 // output_attn_res_proj), the final RMSNorm and lm_head. One wiring serves a full forward (fresh
 // DecodeState), a prefill (chunked/fast KDA core, expanded MLA) and decode steps (KDA decode
@@ -61,7 +61,7 @@ struct ForwardRecordT {
 using ForwardRecord = ForwardRecordT<float>;
 
 // Rows that replace the token embeddings at the positions holding `media_id` (the expanded
-// <|media_pad|> placeholders, K3_REFERENCE section 11), in order: the vision encoder's image
+// <|media_pad|> placeholders, docs/model.md section 11), in order: the vision encoder's image
 // tokens enter the text stream here. The backward writes their gradient to drows (assigned)
 // and gives the embedding row of media_id nothing for those positions. A count of media_id
 // positions different from n is a k3::Error.

@@ -1,4 +1,4 @@
-// Backward of the K3 stack (see k3_model.h; K3_REFERENCE section 2), from a ForwardRecordT
+// Backward of the K3 stack (see k3_model.h; docs/model.md section 2), from a ForwardRecordT
 // and the gradient of the logits: lm_head, final RMSNorm, the output AttnRes read, the
 // decoder layers in reverse (decoder_backward.cpp), the embedding (scatter-add of rows).
 // Parameter gradients accumulate (+=) into one buffer carved like the weights.

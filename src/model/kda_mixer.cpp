@@ -1,4 +1,4 @@
-// KDA mixer forward wiring (see kda_mixer.h; K3_REFERENCE section 3). Composes kernels/ ops;
+// KDA mixer forward wiring (see kda_mixer.h; docs/model.md section 3). Composes kernels/ ops;
 // all buffers come from KDAScratchT, or from KDASavedT for the quantities a backward needs.
 #include "model/kda_mixer.h"
 

@@ -1,4 +1,4 @@
-// The KDA mixer (K3_REFERENCE section 3; fixtures ops/kda_layer1.json, kda_layer8.json): wiring
+// The KDA mixer (docs/model.md section 3; fixtures ops/kda_layer1.json, kda_layer8.json): wiring
 // only, the ops live in kernels/. One sequence, x [T, d] (already RMSNorm_in-ed) to out [T, d]:
 //   q, k, v = ShortConv_SiLU(W_q x), ShortConv_SiLU(W_k x), ShortConv_SiLU(W_v x)  (conv state carried)
 //   q, k    = L2Norm per head (eps 1e-6); q is scaled by D^-0.5 inside the recurrence
@@ -68,7 +68,7 @@ struct KDADims {
   double rms_eps;           // eps of the output RMSNorm (config rms_norm_eps)
 };
 
-constexpr double kKdaL2Eps = 1e-6;       // q, k L2Norm eps (K3_REFERENCE section 3)
+constexpr double kKdaL2Eps = 1e-6;       // q, k L2Norm eps (docs/model.md section 3)
 constexpr int64_t kKdaMixerChunk = 64;   // chunk of the chunked and fast cores
 // The fast core's options as the mixer runs it: chunk 64, f32 products, the Dense diagonal
 // tiles only for a bounded gate with floor >= -5 (else Safe).

@@ -1,4 +1,4 @@
-// KDA mixer backward (see kda_mixer.h; K3_REFERENCE section 3): reverse mode through one
+// KDA mixer backward (see kda_mixer.h; docs/model.md section 3): reverse mode through one
 // forward call, from the activations in KDASavedT. Activation gradients are assigned, parameter
 // gradients accumulated (+=); every projection's gradient is two k3::gemm products.
 // Core: in double the recurrent reference (kda_recurrent_backward, the FD-checked root of

@@ -1,4 +1,4 @@
-// Gated MLA mixer, NoPE (K3_REFERENCE section 4; fixture ops/mla.json). For x [T, d] (the
+// Gated MLA mixer, NoPE (docs/model.md section 4; fixture ops/mla.json). For x [T, d] (the
 // layer's RMS-normed input):
 //   c_q = RMSNorm(W_qa x);  q = W_qb c_q, per head [q_nope | q_rope]
 //   [c_kv | k_rope] = W_kva x;  c_kv = RMSNorm(c_kv)            (cached per token)
@@ -63,7 +63,7 @@ struct MLADims {
 // The query scale at absolute position p under dm.logn_base (1 when off or within the base).
 double mla_logn_factor(const MLADims& dm, int64_t p);
 
-// Latent cache: one row per past token (K3_REFERENCE section 4: 512 + 64 floats per token).
+// Latent cache: one row per past token (docs/model.md section 4: 512 + 64 floats per token).
 template <typename R>
 struct MLACacheT {
   std::vector<R> c_kv;    // [n, kv_lora] normed

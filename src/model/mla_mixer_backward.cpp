@@ -1,4 +1,4 @@
-// Gated MLA mixer backward (see mla_mixer.h; K3_REFERENCE section 4): reverse mode through
+// Gated MLA mixer backward (see mla_mixer.h; docs/model.md section 4): reverse mode through
 // one full-sequence forward from the activations in MLASavedT. dx is assigned, every weight
 // gradient accumulated (+=); each projection's gradient is two k3::gemm products. Attention:
 // float runs attention_backward (blocked, recomputes the probabilities from the saved lse),

@@ -1,4 +1,4 @@
-// Stable LatentMoE block with SiTU-GLU experts (K3_REFERENCE section 5; fixture ops/moe.json).
+// Stable LatentMoE block with SiTU-GLU experts (docs/model.md section 5; fixture ops/moe.json).
 // For x [T, d] (already RMS-normed by the layer):
 //   s = sigmoid(W_r x); experts = top_k(s + b); p = renormalised unbiased s, times scale
 //   z = W_down x                                   latent rows [T, l]
@@ -65,7 +65,7 @@ struct LatentMoEDims {
   double scale, rms_eps, situ_b1, situ_b2;
 };
 
-// Routing decisions of one call, kept for balancing statistics (K3_REFERENCE section 6).
+// Routing decisions of one call, kept for balancing statistics (docs/model.md section 6).
 template <typename R>
 struct MoERoutingT {
   std::vector<int32_t> idx;  // [T, k] selected experts, best biased score first
@@ -114,7 +114,7 @@ void latent_moe_forward_dense_reference(R* out, const R* x, const LatentMoEWeigh
                                         MoERoutingT<R>* routing_out = nullptr, LatentMoESavedT<R>* saved = nullptr);
 
 // Backward of the forward that filled `saved` (same weights and dims; T == saved.T), for
-// its routing (K3_REFERENCE section 5: gradient through the unbiased scores of the selected
+// its routing (docs/model.md section 5: gradient through the unbiased scores of the selected
 // experts and the renormalisation; the bias gets none). dx [T, d] assigned; grads
 // accumulated (+=); dout [T, d]. dscores_aux [T, E] (optional): an extra gradient of the
 // sigmoid scores, e.g. router_aux_loss's (kernels/router.h), added in the router backward.

@@ -1,4 +1,4 @@
-// Stable LatentMoE block backward (see moe_block.h; K3_REFERENCE section 5): reverse mode
+// Stable LatentMoE block backward (see moe_block.h; docs/model.md section 5): reverse mode
 // through one forward from the activations in LatentMoESavedT, for that forward's routing.
 // dx is assigned, parameter gradients accumulated (+=). The router bias is never
 // differentiated: it only chose the experts, and the routing is taken as fixed.

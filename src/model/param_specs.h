@@ -2,7 +2,7 @@
 // logical (dequantised) shape, component and layer, derived from the config in one
 // function. The planner, `k3cpp inspect`, the checkpoint loader and `k3cpp init` all read
 // this table; nothing else spells tensor names or shapes. Layout and names follow the
-// released checkpoint (K3_REFERENCE sections 1-5) and were checked against the fixtures
+// released checkpoint (docs/model.md sections 1-5) and were checked against the fixtures
 // ops/layer_kda.json, layer_mla.json, moe.json, mla.json, kda_layer8.json.
 // Shapes are PyTorch nn.Linear [out, in]. Dimension letters: d hidden, V vocab, H/D KDA
 // heads/head dim, K conv kernel, Hm MLA heads, E experts, l latent width, F expert width,
@@ -42,7 +42,7 @@ inline const std::string kModelPrefix = "language_model.model.";
 inline const std::string kLmHeadName = "language_model.lm_head.weight";
 inline const std::string kOutputAttnResNormName = kModelPrefix + "output_attn_res_norm.weight";
 inline const std::string kOutputAttnResProjName = kModelPrefix + "output_attn_res_proj.weight";
-// The release's vision tensors sit beside language_model.* (K3_REFERENCE section 11); a
+// The release's vision tensors sit beside language_model.* (docs/model.md section 11); a
 // text-only load skips them.
 inline const std::string kVisionTowerPrefix = "vision_tower.";
 inline const std::string kMmProjectorPrefix = "mm_projector.";
@@ -68,7 +68,7 @@ bool is_routed_expert_weight(const std::string& name);
 // ".weight" name; "" for any other name.
 std::string mxfp4_weight_name(const std::string& stored_name);
 
-// MXFP4 stored names of a routed expert ".weight" name (K3_REFERENCE sections 5 and 8).
+// MXFP4 stored names of a routed expert ".weight" name (docs/model.md sections 5 and 8).
 std::string mxfp4_packed_name(const std::string& weight_name);  // "...w1.weight_packed"
 std::string mxfp4_scale_name(const std::string& weight_name);   // "...w1.weight_scale"
 

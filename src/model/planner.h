@@ -1,7 +1,7 @@
 // Planner: parameter counts, weight bytes, decode-cache bytes, forward FLOPs per token and
 // an expert-parallel placement estimate, all computed from the parameter table
 // (model/param_specs.h) so that they can never drift from what the loader expects.
-// Used by `k3cpp plan`. K3_REFERENCE section 1 gives the figures a correct count
+// Used by `k3cpp plan`. docs/model.md section 1 gives the figures a correct count
 // reproduces for the released config: about 2.78 T total, 104.2 B active per token.
 #pragma once
 #include <array>

@@ -1,7 +1,7 @@
 // Memory-limited inference with the dense trunk streamed: the decoder layers' dense matrices
 // are not held by the model (ParamLayout::streamed) and a TrunkProvider supplies each layer's
 // weight views while that layer computes (infer/trunk_ring.h reads them from the checkpoint
-// into a ring of owned slots; K3_REFERENCE section 9). The float engine's forward and
+// into a ring of owned slots; docs/model.md section 9). The float engine's forward and
 // forward_batch (prefill chunks and decode steps alike) run, per call:
 //   begin_call(); for i in 0..L-1: w = acquire(i); prefetch(i + 1, or P after the last); layer i
 //   on w; release(i); end_call()   (layers i < P = first_streamed() pinned: the store's views)

@@ -1,5 +1,5 @@
 // The MoonViT-V2 encoder's dimensions, its parameter table and its token counts, resolved from
-// `vision_config` (K3_REFERENCE section 11; field names and released defaults as in the
+// `vision_config` (docs/model.md section 11; field names and released defaults as in the
 // released config.json: 27 layers, width 1024, 12 heads, qkv width 1536, MLP 4096, patch 14,
 // a 64 x 64 position table, 2 x 2 merge, projector into the text width).
 // An image of H x W pixels is padded (bottom/right) up to multiples of patch * merge, cut into

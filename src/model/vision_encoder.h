@@ -1,4 +1,4 @@
-// The MoonViT-V2 vision encoder and its projector (K3_REFERENCE section 11), forward and
+// The MoonViT-V2 vision encoder and its projector (docs/model.md section 11), forward and
 // backward on one packed batch of images, templated on the scalar type (float for training
 // and inference, double for the gradient checks). The wiring only: the ops are in
 // kernels/vision_ops.h, kernels/segment_attention.h, kernels/norm.h and kernels/gemm.h.

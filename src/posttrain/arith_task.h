@@ -51,7 +51,7 @@ namespace k3 {
 // problems come from another seed.
 // Curriculum: `bands` ("2+", "3*": operand digits x operator, the evaluation's bands) replaces
 // the digits x ops product with exactly these bands, problem i in bands[i % |bands|] (RL on
-// the band at the edge of competence, K3_REFERENCE section 12); `problems_per_band` sets
+// the band at the edge of competence, docs/model.md section 12); `problems_per_band` sets
 // problems = that many times the number of bands, so each band has the same count.
 struct ArithBand {
   int digits = 1;

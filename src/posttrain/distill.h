@@ -1,5 +1,5 @@
 // On-policy distillation of specialised policies into one student (`k3cpp distill --config
-// distill.json --out DIR`; K3_REFERENCE section 12: multi-teacher on-policy distillation).
+// distill.json --out DIR`; docs/model.md section 12: multi-teacher on-policy distillation).
 // Each step the student samples completions of arithmetic prompts (posttrain/rollout.h, its
 // own policy, its own budgets); each trajectory is scored by the teacher that matches its
 // prompt (by "tool": the tool or the no-tool teacher; by "effort": the effort's teacher), and

@@ -21,7 +21,7 @@ std::string canonical_answer(std::string_view response);
 Verdict verify_answer(std::string_view response, const std::string& expected);
 const char* verdict_name(Verdict v);
 
-// The reward of one reply (K3_REFERENCE section 12): correct 1, wrong 0, malformed -format_penalty,
+// The reward of one reply (docs/model.md section 12): correct 1, wrong 0, malformed -format_penalty,
 // and -1 when the reply did not finish within its effort's token budget (whatever it says).
 struct RewardOptions {
   double format_penalty = 0.5;

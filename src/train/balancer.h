@@ -1,4 +1,4 @@
-// Expert load balancing for the MoE router (K3_REFERENCE section 6). The router selects
+// Expert load balancing for the MoE router (docs/model.md section 6). The router selects
 // top_k(s + b) with the correction bias b (`e_score_correction_bias`), which never gets a
 // gradient; a balancer updates b between optimizer steps from the routing it observed:
 //  - QuantileBalancer (Quantile Balancing, Su, kexue.fm 11619/11626/11760): cutoff

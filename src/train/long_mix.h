@@ -1,4 +1,4 @@
-// Long-range tasks mixed into a training stage (issue 16; K3_REFERENCE section 13: K3's later
+// Long-range tasks mixed into a training stage (issue 16; docs/model.md section 13: K3's later
 // stages train on synthetic tasks whose evidence is spread over the whole window). A stage's
 // "long_tasks" replaces a fraction of its sequences by generated samples (train/long_tasks.h)
 // of exactly the stage's length; the loss stays the plain next-token loss over every target,

@@ -1,11 +1,11 @@
-// Generated long-context tasks with exact answers (K3_REFERENCE section 13): passkey retrieval
+// Generated long-context tasks with exact answers (docs/model.md section 13): passkey retrieval
 // (Mohtashami & Jaggi 2023: a number hidden in repeated filler at a given depth, asked for at
 // the end), multi-query associative recall (MQAR, Arora et al. 2023: key-value pairs spread
 // over the window, then queries), and variable tracking (RULER, Hsieh et al. 2024: a chain of
 // assignments VAR B = A spread over the window, ask the value at the end of the chain). Built
 // at the token level from an encoder, so a sample has exactly the requested length in the
 // model's own vocabulary (byte or BPE). Deterministic in the seed. `mixed` is the K3 report's
-// permuted and concatenated sub-tasks (K3_REFERENCE section 13): a passkey, MQAR pairs and a
+// permuted and concatenated sub-tasks (docs/model.md section 13): a passkey, MQAR pairs and a
 // variable chain whose pieces are shuffled over the whole window, all asked at the end, so no
 // answer can be found without evidence from everywhere in the window.
 #pragma once

@@ -1,6 +1,6 @@
 // The model-level training step of one sequence: forward with saved activations, summed
 // cross-entropy over the T next-token targets, optional Switch-style auxiliary balance loss
-// per MoE layer (kernels/router.h router_aux_loss, K3_REFERENCE section 6), and the whole
+// per MoE layer (kernels/router.h router_aux_loss, docs/model.md section 6), and the whole
 // backward (K3ModelT::backward) accumulating grad_scale * d(loss)/dW into a buffer carved
 // like the weights. The trainer calls forward_backward / eval_loss_sum (float); the _t
 // templates are the same code for any scalar type (double: the gradient checks).

@@ -25,7 +25,7 @@ void route_chunk(int32_t* idx, const float* s, int64_t t0, int64_t t1, int64_t E
   for (int64_t t = t0; t < t1; ++t) {
     const float* st = s + t * E;
     router_select_topk(idx + t * k, st, ws.bias.data(), E, k);
-    // alpha_t: the (k+1)-th largest biased score (K3_REFERENCE section 6).
+    // alpha_t: the (k+1)-th largest biased score (docs/model.md section 6).
     for (int64_t j = 0; j < E; ++j) ws.sb[size_t(j)] = st[j] + ws.bias[size_t(j)];
     std::nth_element(ws.sb.begin(), ws.sb.begin() + k, ws.sb.end(), std::greater<float>());
     const float alpha = ws.sb[size_t(k)];

@@ -1,5 +1,5 @@
 // Moving Quantile Balancing: sequence-level, causal balancing of one sequence's routing
-// (K3_REFERENCE section 6: "EMA of per-position score histograms along the sequence, lambda
+// (docs/model.md section 6: "EMA of per-position score histograms along the sequence, lambda
 // about 0.3"; Su, kexue.fm 11760). k3cpp's reading of that one line, stated here because the
 // reference gives no more:
 //

@@ -4,7 +4,7 @@
 //  - Muon: momentum, then Newton-Schulz orthogonalisation (5 quintic iterations, Keller
 //    Jordan's coefficients) of each update matrix, scaled by 0.2 sqrt(max(rows, cols)) so its
 //    RMS matches AdamW's (Moonlight, arXiv 2502.16982), decoupled weight decay. K3 applies it
-//    per attention head to the q/k/v projections (K3_REFERENCE section 7): a [H*D, in]
+//    per attention head to the q/k/v projections (docs/model.md section 7): a [H*D, in]
 //    projection is H separate [D, in] matrices. Embeddings, lm_head, norms, gates' vectors,
 //    biases and other 1-D parameters use AdamW.
 // Optimiser state lives in one allocation (two floats per parameter element) so a training

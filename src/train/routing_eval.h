@@ -1,5 +1,5 @@
 // Held-out evaluation of a trained model: loss, bits per byte and the routing statistics of
-// every MoE layer (K3_REFERENCE section 6), over the whole held-out stream or a prefix of it.
+// every MoE layer (docs/model.md section 6), over the whole held-out stream or a prefix of it.
 //
 // Windows: non-overlapping windows of seq_len + 1 tokens from the start of the held-out
 // stream (window w: inputs heldout[w T, w T + T), targets shifted by one), the same windows as

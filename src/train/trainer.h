@@ -1,5 +1,5 @@
 // The training run (`k3cpp train`): a K3 model trained from a run file (train/run_config.h)
-// through its progressive-context stages (K3_REFERENCE section 7: 8K, 64K, 256K, 1M, scaled
+// through its progressive-context stages (docs/model.md section 7: 8K, 64K, 256K, 1M, scaled
 // to the machine), with held-out evaluation, metrics, checkpoints and exact resume.
 //
 // One optimizer step = batch_tokens / micro_batch_tokens micro-batches, each of

@@ -1,4 +1,4 @@
-// A joint image-text step of one sequence (K3_REFERENCE section 11: the encoder trains with
+// A joint image-text step of one sequence (docs/model.md section 11: the encoder trains with
 // the text from the first step): the vision encoder turns the sequence's images into image
 // tokens, they replace the expanded <|media_pad|> placeholders in the text embedding stream
 // (K3ModelT::forward's EmbedSpliceT), the text stack's loss is back-propagated to those rows and

@@ -1,5 +1,5 @@
 // `k3cpp plan` and `k3cpp inspect`, run as the built binary (K3_CLI_PATH): printed K3
-// figures (2.78 T total, 104.2 B active, K3_REFERENCE section 1) and exit codes; bad configs
+// figures (2.78 T total, 104.2 B active, docs/model.md section 1) and exit codes; bad configs
 // and options refused with the field named on stderr; configs/README.md agrees with plan.
 // inspect: a zero-filled checkpoint for configs/tiny.json written with
 // write_checkpoint_shards passes; one tensor missing / wrong shape / wrong dtype / extra /

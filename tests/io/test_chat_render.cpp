@@ -42,7 +42,7 @@ std::vector<chat::Segment> expected_segments(const Json& fx) {
   return out;
 }
 
-// K3's marker ids (K3_CHAT.md section 1) as a tokenizer's special-token table would hold
+// K3's marker ids (docs/model.md section 14) as a tokenizer's special-token table would hold
 // them; text is encoded as its bytes, so the test sees exactly which ids text produces.
 const std::map<std::string, int32_t> kSpecials = {
     {"<|end_of_msg|>", 163586}, {"<|open|>", 163587}, {"<|close|>", 163588}, {"<|sep|>", 163589}};

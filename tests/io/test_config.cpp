@@ -1,6 +1,6 @@
 // Config parsing and validation: the three accepted layouts, the fixture configs that must
 // be refused (cfg/*.json) with the offending field named, file/JSON/type errors, and the
-// HF round trip (K3_REFERENCE section 1).
+// HF round trip (docs/model.md section 1).
 #include <gtest/gtest.h>
 
 #include <cstdio>

@@ -4,7 +4,7 @@
 //   Dense and Safe diagonal paths), lengths around and not multiple of the chunk, with and
 //   without initial state, ragged head dims; fixture ops/kda_recur8.json;
 //   the decode step == the recurrence;
-//   the numerical claim of K3_REFERENCE section 3 (docs/kda-numerics.md): gates pinned at the
+//   the numerical claim of docs/model.md section 3 (docs/kda-numerics.md): gates pinned at the
 //   floor -5 keep every anchored exponent within 40 and the bf16 dense kernel tracks the
 //   double recurrence; unbounded strong decay overflows the dense path (inf/NaN) while the
 //   safe path stays finite and correct.
@@ -330,7 +330,7 @@ TEST(KdaFastDecode, StepsMatchRecurrence) {
 }
 
 // ---------------------------------------------------------------------------------------
-// the numerical claim (K3_REFERENCE section 3; docs/kda-numerics.md has the T = 65536 run)
+// the numerical claim (docs/model.md section 3; docs/kda-numerics.md has the T = 65536 run)
 
 namespace {
 // Largest |G_i - G_anchor| over the dense path's tiles: the exponent range the claim bounds.

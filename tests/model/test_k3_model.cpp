@@ -2,7 +2,7 @@
 // k3_model.h) on configs/tiny.json (13 layers, 9 KDA + 4 MLA, block size 3) and variants:
 //  - the store is carved by the parameter table in table order, 64-byte aligned, one lookup;
 //  - init is deterministic per (seed, name) and follows its recipes;
-//  - the stack equals a plain test-local wiring of K3_REFERENCE section 2 (block list as a
+//  - the stack equals a plain test-local wiring of docs/model.md section 2 (block list as a
 //    std::vector of blocks, AttnRes in double), so the [nblocks, T, d] bookkeeping, the output
 //    read, final norm and lm_head are checked independently of decoder.cpp;
 //  - KDA chunked == recurrent == fast at the model level for T around the chunk length 64;
@@ -73,7 +73,7 @@ std::vector<float> full_forward(const K3Model& m, const std::vector<int32_t>& id
   return logits;
 }
 
-// ---- plain test-local wiring of K3_REFERENCE section 2 ----
+// ---- plain test-local wiring of docs/model.md section 2 ----
 
 // AttnRes over the sources, in double: score_s = sum_c wp_c wn_c src_s,c * rstd_s.
 std::vector<float> ref_attn_res(const std::vector<const std::vector<float>*>& src, const float* wn, const float* wp,

@@ -1,6 +1,6 @@
 // Planner figures. K3 counts are asserted exactly (the integers the table gives for
 // configs/kimi-k3.json) and against the report's rounded figures, 2.78 T total and 104.2 B
-// active (K3_REFERENCE section 1); the tiny config is checked against an independent
+// active (docs/model.md section 1); the tiny config is checked against an independent
 // hand count from the fixture shapes; bytes, cache, FLOPs and placement against their
 // stated formulas.
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // k3cpp against an independent PyTorch implementation of K3 (tools/k3_torch, written from
-// K3_REFERENCE sections 2-6 and the fixtures, not from k3cpp's code; project issue 4).
+// docs/model.md sections 2-6 and the fixtures, not from k3cpp's code; project issue 4).
 // A small random model (d 64, 5 layers: dense FFN first, MLA at layer 4, KDA elsewhere, block
 // size 2, 16 experts top-4, latent 32, 1 shared expert, vocab 260) is initialised with larger
 // weights than the training recipe (std 0.1 instead of 0.02, so that every part moves the

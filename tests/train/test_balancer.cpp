@@ -1,4 +1,4 @@
-// Quantile Balancing (K3_REFERENCE section 6): micro-batch additivity, histogram accuracy,
+// Quantile Balancing (docs/model.md section 6): micro-batch additivity, histogram accuracy,
 // and that one update balances the batch it was computed from; sign update direction.
 #include <gtest/gtest.h>
 

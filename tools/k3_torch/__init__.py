@@ -1,6 +1,6 @@
 """k3_torch: an independent plain-PyTorch implementation of the Kimi K3 model.
 
-Written from /work/shared/K3_REFERENCE.md sections 2-6 and pinned by the fixtures in
+Written from docs/model.md sections 2-6 and pinned by the fixtures in
 tests/data/k3-fixtures/ops (see selftest.py), not translated from k3cpp's C++, so that k3cpp's
 forward logits and gradients can be checked against something other than itself.
 

@@ -1,4 +1,4 @@
-"""The K3 config (K3_REFERENCE section 1) from config.json: the Hugging Face nested form
+"""The K3 config (docs/model.md section 1) from config.json: the Hugging Face nested form
 ({"text_config": {..., "linear_attn_config": {...}}}), a bare text_config, or the flat fixture
 form (tests/data/k3-fixtures/ops/MANIFEST.json "config"). Only what the model needs is kept;
 a missing required field is a ValueError naming the file and the field.

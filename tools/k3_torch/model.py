@@ -1,4 +1,4 @@
-"""The K3 stack (K3_REFERENCE section 2) over a dict of parameters by released name
+"""The K3 stack (docs/model.md section 2) over a dict of parameters by released name
 (language_model.model.*, language_model.lm_head.weight; src/model/param_specs.cpp), so the same
 function serves the reference checks (float64, leaf tensors with requires_grad) and the
 training baseline (float32 nn.Parameters).
@@ -96,5 +96,5 @@ def loss_fn(cfg, params, tokens, kda_impl="recurrent", chunk=32):
 
 
 def trainable(name):
-    """Every parameter but the router's correction bias (K3_REFERENCE section 5: never differentiated)."""
+    """Every parameter but the router's correction bias (docs/model.md section 5: never differentiated)."""
     return not name.endswith(ROUTER_BIAS_SUFFIX)

@@ -1,4 +1,4 @@
-"""The K3 ops in plain PyTorch (K3_REFERENCE sections 2-5), batch-first, differentiable, in
+"""The K3 ops in plain PyTorch (docs/model.md sections 2-5), batch-first, differentiable, in
 whatever float dtype the inputs carry (float64 for reference checks, float32 for training).
 
 Dimension letters (fla's glossary): B batch, T tokens, H heads, K key dim, V value dim,

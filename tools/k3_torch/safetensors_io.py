@@ -3,7 +3,7 @@
 Format: 8-byte little-endian header length N, N bytes of JSON header
 {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}, then the
 raw little-endian data (offsets relative to the end of the header). bf16 is widened to f32
-exactly (bits << 16). MXFP4 (K3_REFERENCE section 8): U8 weight_packed [rows, cols/2], the low
+exactly (bits << 16). MXFP4 (docs/model.md section 8): U8 weight_packed [rows, cols/2], the low
 nibble is the even element; U8 weight_scale [rows, cols/32] E8M0;
 value = E2M1[nibble] * 2^(scale - 127).
 """

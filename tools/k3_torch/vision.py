@@ -1,4 +1,4 @@
-"""MoonViT-V2 (K3's vision encoder) in plain PyTorch, written from K3_REFERENCE section 11 and
+"""MoonViT-V2 (K3's vision encoder) in plain PyTorch, written from docs/model.md section 11 and
 the released-config field meanings, not from k3cpp's C++: Conv2d patch embedding without bias,
 the learned [ph, pw, D] table resampled by F.interpolate(bilinear, align_corners=False) to each
 grid, blocks of RMSNorm -> wqkv -> 2D rotary (complex form) -> attention within the image only
