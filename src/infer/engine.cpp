@@ -198,7 +198,7 @@ struct Engine::Impl {
   }
 
   Impl(const K3Model& m, EngineOptions o)
-      : model(m), opt(std::move(o)), threads(num_threads()), cache(m.dims(), opt.prefill_chunk), channel(opt.step_channel) {
+      : model(m), opt(std::move(o)), threads(num_threads()), cache(m.dims(), opt.prefill_chunk, m.device()), channel(opt.step_channel) {
     const ModelDims& d = model.dims();
     int64_t mla_layers = 0;
     for (bool b : d.mla) mla_layers += b ? 1 : 0;

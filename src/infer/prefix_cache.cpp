@@ -22,7 +22,8 @@ struct PrefixCache::Node {
   }
 };
 
-PrefixCache::PrefixCache(const ModelDims& dims, int64_t chunk) : dims_(dims), chunk_(chunk), root_(new Node) {
+PrefixCache::PrefixCache(const ModelDims& dims, int64_t chunk, Device* dev)
+    : dims_(dims), dev_(dev), chunk_(chunk), root_(new Node) {
   K3_ASSERT(chunk > 0, "PrefixCache: chunk must be positive");
 }
 PrefixCache::~PrefixCache() = default;
@@ -46,7 +47,7 @@ PrefixCache::Node* PrefixCache::restore(const int32_t* ids, int64_t limit, Decod
     if (it == n->children.end()) break;
     n = it->second.get();
   }
-  st.reset(dims_);
+  st.reset(dims_, dev_);
   // MLA rows come from every node on the path, oldest first.
   std::vector<const Node*> path;
   for (const Node* p = n; p != root_.get(); p = p->parent) path.push_back(p);
@@ -58,9 +59,9 @@ PrefixCache::Node* PrefixCache::restore(const int32_t* ids, int64_t limit, Decod
     for (int64_t i = 0; i < dims_.L; ++i) {
       if (!dims_.mla[size_t(i)]) continue;
       MLACache& c = st.layers[size_t(i)].mla;
-      c.c_kv.insert(c.c_kv.end(), p->mla.begin() + off, p->mla.begin() + off + rows * L);
+      c.c_kv.append(p->mla.data() + off, size_t(rows * L));
       off += size_t(rows * L);
-      c.k_rope.insert(c.k_rope.end(), p->mla.begin() + off, p->mla.begin() + off + rows * Rr);
+      c.k_rope.append(p->mla.data() + off, size_t(rows * Rr));
       off += size_t(rows * Rr);
       c.n += rows;
     }
@@ -70,8 +71,8 @@ PrefixCache::Node* PrefixCache::restore(const int32_t* ids, int64_t limit, Decod
     for (int64_t i = 0; i < dims_.L; ++i) {
       if (dims_.mla[size_t(i)]) continue;
       KDAState& k = st.layers[size_t(i)].kda;
-      for (std::vector<float>* v : {&k.S, &k.conv_q, &k.conv_k, &k.conv_v}) {
-        std::memcpy(v->data(), n->kda.data() + off, sizeof(float) * v->size());
+      for (Buf<float>* v : {&k.S, &k.conv_q, &k.conv_k, &k.conv_v}) {
+        v->write(0, n->kda.data() + off, v->size());
         off += v->size();
       }
     }
@@ -81,6 +82,17 @@ PrefixCache::Node* PrefixCache::restore(const int32_t* ids, int64_t limit, Decod
   for (Node* p = n; p; p = p->parent) p->used = ++tick_;
   return n;
 }
+
+namespace {
+
+// dst += n elements of src from `from` (src on the host or a device; snapshots live on the host).
+void append_from(std::vector<float>& dst, const Buf<float>& src, size_t from, size_t n) {
+  const size_t at = dst.size();
+  dst.resize(at + n);
+  src.read(dst.data() + at, from, n);
+}
+
+}  // namespace
 
 PrefixCache::Node* PrefixCache::extend(Node* parent, const int32_t* ids, const DecodeState& st) {
   K3_ASSERT(st.n_tokens == parent->pos + chunk_, "PrefixCache::extend: state is not one chunk past the parent");
@@ -98,12 +110,11 @@ PrefixCache::Node* PrefixCache::extend(Node* parent, const int32_t* ids, const D
     for (int64_t i = 0; i < dims_.L; ++i) {
       const LayerState& ls = st.layers[size_t(i)];
       if (dims_.mla[size_t(i)]) {
-        node->mla.insert(node->mla.end(), ls.mla.c_kv.begin() + p0 * L, ls.mla.c_kv.begin() + (p0 + chunk_) * L);
-        node->mla.insert(node->mla.end(), ls.mla.k_rope.begin() + p0 * Rr,
-                         ls.mla.k_rope.begin() + (p0 + chunk_) * Rr);
+        append_from(node->mla, ls.mla.c_kv, size_t(p0 * L), size_t(chunk_ * L));
+        append_from(node->mla, ls.mla.k_rope, size_t(p0 * Rr), size_t(chunk_ * Rr));
       } else {
-        for (const std::vector<float>* v : {&ls.kda.S, &ls.kda.conv_q, &ls.kda.conv_k, &ls.kda.conv_v})
-          node->kda.insert(node->kda.end(), v->begin(), v->end());
+        for (const Buf<float>* v : {&ls.kda.S, &ls.kda.conv_q, &ls.kda.conv_k, &ls.kda.conv_v})
+          append_from(node->kda, *v, 0, v->size());
       }
     }
     n = node.get();

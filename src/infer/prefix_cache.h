@@ -21,7 +21,9 @@ namespace k3 {
 class PrefixCache {
  public:
   struct Node;
-  PrefixCache(const ModelDims& dims, int64_t chunk);
+  // dev: the device the restored states live on (the model's; null: the host). Snapshots are
+  // kept in host memory either way.
+  PrefixCache(const ModelDims& dims, int64_t chunk, Device* dev = nullptr);
   ~PrefixCache();
 
   // The deepest snapshot whose prefix equals ids[0, pos) with pos <= limit; restores it into
@@ -43,6 +45,7 @@ class PrefixCache {
 
  private:
   ModelDims dims_;
+  Device* dev_ = nullptr;
   int64_t chunk_;
   std::unique_ptr<Node> root_;
   int64_t bytes_ = 0, count_ = 0;

@@ -16,7 +16,7 @@ Session::Session(const K3Model& model, const SessionOptions& opt) : model_(model
 void Session::reset() {
   mark_tokens_ = -1;
   verify_ids_.clear();
-  state_.reset(model_.dims());
+  state_.reset(model_.dims(), model_.device());
   if (opt_.reserve_tokens > 0) state_.reserve(opt_.reserve_tokens, model_.dims());
 }
 

@@ -105,12 +105,12 @@ using LayerState = LayerStateT<float>;
 // The Block AttnRes stack of one call.
 template <typename R>
 struct BlockStateT {
-  std::vector<R> blocks;   // [cap, T, d] completed block sums, the first n valid
-  std::vector<R> partial;  // [T, d]
+  Buf<R> blocks;   // [cap, T, d] completed block sums, the first n valid (on the backend's device)
+  Buf<R> partial;  // [T, d]
   int64_t n = 0, T = 0, d = 0, cap = 0;
   bool partial_empty = false;
-  // Sizes the buffers (grow only) and empties the stack; the caller then fills `partial`.
-  void begin(int64_t T, int64_t d, int64_t cap);
+  // Sizes the buffers on `dev` (grow only) and empties the stack; the caller then fills `partial`.
+  void begin(int64_t T, int64_t d, int64_t cap, Device* dev = nullptr);
   R* block(int64_t i) { return blocks.data() + i * T * d; }
   const R* block(int64_t i) const { return blocks.data() + i * T * d; }
 };
@@ -158,7 +158,7 @@ using LayerRecord = LayerRecordT<float>;
 // buffers are the backward's.
 template <typename R>
 struct LayerScratchT {
-  std::vector<R> x, h, a, alpha, rstd, gu, act;
+  Buf<R> x, h, a, alpha, rstd, gu, act;  // forward (on the backend's device)
   std::vector<const R*> src;
   std::vector<R> dx, dh, dgu, dact;  // backward: [T, d], [T, d], [T, 2I], [T, I]
   std::vector<R*> dsrc;
@@ -185,10 +185,17 @@ using LayerBatch = LayerBatchT<float>;
 // Runs layer `layer` (0-based) on the block state of T tokens. st: this layer's carried state
 // (KDA state reset / MLA cache cleared for a fresh sequence). rec: optional saved activations
 // (training: Prefill mode, fresh state). batch: several sequences (Decode mode; st unused).
+// ops: the backend (kernels/ops.h); bs, st and s on its device. A record is CPU-only.
+template <typename R>
+void decoder_layer_forward(const OpsT<R>& ops, BlockStateT<R>& bs, LayerStateT<R>& st, const LayerWeightsT<R>& w,
+                           const ModelDims& dims, int64_t layer, int64_t T, MixerMode mode, KDAPath kda_path,
+                           LayerScratchT<R>& s, LayerRecordT<R>* rec = nullptr, const LayerBatchT<R>* batch = nullptr);
 template <typename R>
 void decoder_layer_forward(BlockStateT<R>& bs, LayerStateT<R>& st, const LayerWeightsT<R>& w, const ModelDims& dims,
                            int64_t layer, int64_t T, MixerMode mode, KDAPath kda_path, LayerScratchT<R>& s,
-                           LayerRecordT<R>* rec = nullptr, const LayerBatchT<R>* batch = nullptr);
+                           LayerRecordT<R>* rec = nullptr, const LayerBatchT<R>* batch = nullptr) {
+  decoder_layer_forward<R>(cpu_ops<R>(), bs, st, w, dims, layer, T, mode, kda_path, s, rec, batch);
+}
 
 // Gradient of the block state, mirroring BlockStateT: dblocks[i] is the loss gradient w.r.t.
 // completed block i, dpartial w.r.t. the partial sum (both [T, d]). The backward of layer i
@@ -225,7 +232,7 @@ void decoder_layer_backward(BlockGradT<R>& bg, const LayerRecordT<R>& rec, const
 // out [rows, d] (alpha [rows, n + 1] optional); with no completed blocks, out = partial.
 // Used by steps 1 and 4 and by the output read (which may read the last row only).
 template <typename R>
-void block_attn_res(R* out, R* alpha, const BlockStateT<R>& bs, const R* w_norm, const R* w_proj, int64_t row0,
-                    int64_t rows, double eps, std::vector<const R*>& src);
+void block_attn_res(const OpsT<R>& ops, R* out, R* alpha, const BlockStateT<R>& bs, const R* w_norm, const R* w_proj,
+                    int64_t row0, int64_t rows, double eps, std::vector<const R*>& src);
 
 }  // namespace k3

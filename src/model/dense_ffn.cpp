@@ -10,15 +10,16 @@
 namespace k3 {
 
 template <typename T>
-void dense_ffn_forward(T* out, T* gu, T* act, const T* x, const MatT<T>& gate, const MatT<T>& up,
-                       const MatT<T>& down, int64_t Tn, int64_t d, int64_t I, double b1, double b2, bool accumulate) {
+void dense_ffn_forward(const OpsT<T>& ops, T* out, T* gu, T* act, const T* x, const MatT<T>& gate,
+                       const MatT<T>& up, const MatT<T>& down, int64_t Tn, int64_t d, int64_t I, double b1, double b2,
+                       bool accumulate) {
   // Both halves land in one [gate | up] row of width 2I, the layout situ_glu_forward reads.
-  gemm(false, true, Tn, I, d, T(1), x, d, gate, d, T(0), gu, 2 * I);
-  gemm(false, true, Tn, I, d, T(1), x, d, up, d, T(0), gu + I, 2 * I);
+  ops.gemm(false, true, Tn, I, d, T(1), x, d, gate, d, T(0), gu, 2 * I);
+  ops.gemm(false, true, Tn, I, d, T(1), x, d, up, d, T(0), gu + I, 2 * I);
   // The scalar SiTU (libm tanh/exp): the shared experts' outputs are large in ops/moe.json and
   // its abs 1e-5 tolerance has no room for the vectorised forward's few ulps there.
-  situ_glu_forward(act, gu, Tn, I, b1, b2);
-  linear(out, act, down, Tn, I, d, accumulate);
+  ops.situ_glu(act, gu, Tn, I, b1, b2);
+  linear(ops, out, act, down, Tn, I, d, accumulate);
 }
 
 template <typename T>
@@ -51,11 +52,11 @@ void dense_ffn_backward_input(T* dx, const T* dgu, const T* gate, const T* up, i
   gemm(false, false, Tn, d, I, T(1), dgu + I, 2 * I, up, d, T(1), dx, d);
 }
 
-template void dense_ffn_forward<float>(float*, float*, float*, const float*, const Mat&, const Mat&, const Mat&,
-                                       int64_t, int64_t, int64_t, double, double, bool);
-template void dense_ffn_forward<double>(double*, double*, double*, const double*, const MatT<double>&,
-                                        const MatT<double>&, const MatT<double>&, int64_t, int64_t, int64_t, double,
-                                        double, bool);
+template void dense_ffn_forward<float>(const OpsT<float>&, float*, float*, float*, const float*, const Mat&,
+                                       const Mat&, const Mat&, int64_t, int64_t, int64_t, double, double, bool);
+template void dense_ffn_forward<double>(const OpsT<double>&, double*, double*, double*, const double*,
+                                        const MatT<double>&, const MatT<double>&, const MatT<double>&, int64_t,
+                                        int64_t, int64_t, double, double, bool);
 template void dense_ffn_backward<float>(float*, float*, float*, float*, float*, float*, const float*, const float*,
                                         const float*, const float*, const float*, const float*, const float*, int64_t,
                                         int64_t, int64_t, double, double, bool);

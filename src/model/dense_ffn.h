@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/ops.h"
 #include "kernels/weight_mat.h"
 
 namespace k3 {
@@ -11,9 +12,15 @@ namespace k3 {
 // act [T, I] saved SiTU output; x [T, d]; gate, up [I, d]; down [d, I] as held (f32 or bf16).
 // b1, b2: SiTU caps. Projections go through kernels/gemm.h; instantiated for float and double.
 template <typename T>
+void dense_ffn_forward(const OpsT<T>& ops, T* out, T* gu, T* act, const T* x, const MatT<T>& gate,
+                       const MatT<T>& up, const MatT<T>& down, int64_t Tn, int64_t d, int64_t I, double b1, double b2,
+                       bool accumulate = false);
+template <typename T>
 void dense_ffn_forward(T* out, T* gu, T* act, const T* x, const MatT<T>& gate, const MatT<T>& up,
                        const MatT<T>& down, int64_t Tn, int64_t d, int64_t I, double b1, double b2,
-                       bool accumulate = false);
+                       bool accumulate = false) {
+  dense_ffn_forward<T>(cpu_ops<T>(), out, gu, act, x, gate, up, down, Tn, d, I, b1, b2, accumulate);
+}
 
 // Backward of dense_ffn_forward from its saved gu and act (training keeps both; they are the
 // forward's "saved activations"). dx [T, d] assigned (or += if accumulate_dx: the shared

@@ -10,87 +10,9 @@
 #include "core/grow.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
+#include "model/bind_layer.h"
 
 namespace k3 {
-
-namespace {
-
-// Builds one layer's views; `P(name)` gives a parameter's f32 pointer, `X(name_fn)` a routed
-// expert matrix (name_fn() builds its name: shape-only binders never pay for the strings).
-template <typename R, typename ParamFn, typename ExpertFn>
-LayerWeightsT<R> bind_layer(const K3Config& c, int64_t layer, ParamFn&& P_full, ExpertFn&& X) {
-  const std::string p = layer_prefix(layer);
-  auto P = [&](const std::string& suffix) { return P_full(p + suffix); };
-  LayerWeightsT<R> L;
-  L.input_norm = P("input_layernorm.weight");
-  L.post_norm = P("post_attention_layernorm.weight");
-  L.attn_res_norm = P("self_attention_res_norm.weight");
-  L.attn_res_proj = P("self_attention_res_proj.weight");
-  L.mlp_res_norm = P("mlp_res_norm.weight");
-  L.mlp_res_proj = P("mlp_res_proj.weight");
-  L.is_mla = c.is_mla_layer(layer);
-  const std::string a = "self_attn.";
-  if (L.is_mla) {
-    L.mla.q_a_proj = P(a + "q_a_proj.weight");
-    L.mla.q_a_norm = P(a + "q_a_layernorm.weight");
-    L.mla.q_b_proj = P(a + "q_b_proj.weight");
-    L.mla.kv_a_proj = P(a + "kv_a_proj_with_mqa.weight");
-    L.mla.kv_a_norm = P(a + "kv_a_layernorm.weight");
-    L.mla.kv_b_proj = P(a + "kv_b_proj.weight");
-    L.mla.o_proj = P(a + "o_proj.weight");
-    L.mla.g_proj = c.mla_use_output_gate ? P(a + "g_proj.weight") : nullptr;
-  } else {
-    KDAWeightsT<R>& k = L.kda;
-    k.q_proj = P(a + "q_proj.weight");
-    k.k_proj = P(a + "k_proj.weight");
-    k.v_proj = P(a + "v_proj.weight");
-    k.q_conv = P(a + "q_conv1d.weight");
-    k.k_conv = P(a + "k_conv1d.weight");
-    k.v_conv = P(a + "v_conv1d.weight");
-    k.f_a = P(a + "f_a_proj.weight");
-    k.f_b = P(a + "f_b_proj.weight");
-    k.b_proj = P(a + "b_proj.weight");
-    k.g_proj = P(a + "g_proj.weight");
-    k.o_norm = P(a + "o_norm.weight");
-    k.o_proj = P(a + "o_proj.weight");
-    k.A_log = P(a + "A_log");
-    k.dt_bias = P(a + "dt_bias");
-  }
-  L.is_moe = c.is_moe_layer(layer);
-  if (!L.is_moe) {
-    L.dense_gate = P("mlp.gate_proj.weight");
-    L.dense_up = P("mlp.up_proj.weight");
-    L.dense_down = P("mlp.down_proj.weight");
-    return L;
-  }
-  const std::string m = "block_sparse_moe.";
-  LatentMoEWeightsT<R>& e = L.moe;
-  e.router = P(m + "gate.weight");
-  e.router_bias = P(m + "gate.e_score_correction_bias");
-  e.down = P(m + "routed_expert_down_proj.weight");
-  e.up = P(m + "routed_expert_up_proj.weight");
-  e.latent_norm = c.latent_moe_use_norm ? P(m + "routed_expert_norm.weight") : nullptr;
-  if (c.num_shared_experts > 0) {
-    e.shared_w1 = P(m + "shared_experts.gate_proj.weight");
-    e.shared_w3 = P(m + "shared_experts.up_proj.weight");
-    e.shared_w2 = P(m + "shared_experts.down_proj.weight");
-  } else {
-    e.shared_w1 = e.shared_w3 = e.shared_w2 = nullptr;
-  }
-  const int64_t E = c.num_experts;
-  e.w1.resize(size_t(E));
-  e.w3.resize(size_t(E));
-  e.w2.resize(size_t(E));
-  for (int64_t j = 0; j < E; ++j) {
-    auto name = [&](const char* w) { return p + m + "experts." + std::to_string(j) + "." + w; };
-    e.w1[size_t(j)] = X([&] { return name("w1.weight"); }, 0);
-    e.w3[size_t(j)] = X([&] { return name("w3.weight"); }, 1);
-    e.w2[size_t(j)] = X([&] { return name("w2.weight"); }, 2);
-  }
-  return L;
-}
-
-}  // namespace
 
 LayerWeights layer_weights(const WeightStore& w, int64_t layer) {
   const ParamLayout& lay = w.layout();
@@ -134,14 +56,22 @@ LayerWeightsT<R> layer_views(const ParamLayout& lay, const K3Config& c, const R*
 }
 
 template <typename R>
-void DecodeStateT<R>::reset(const ModelDims& dims) {
+void DecodeStateT<R>::reset(const ModelDims& dims, Device* dev) {
   layers.resize(size_t(dims.L));
   for (int64_t i = 0; i < dims.L; ++i) {
     LayerStateT<R>& l = layers[size_t(i)];
-    if (dims.mla[size_t(i)]) l.mla.clear();
-    else l.kda.reset(dims.kda);
+    if (dims.mla[size_t(i)]) l.mla.clear(dev);
+    else l.kda.reset(dims.kda, dev);
   }
   n_tokens = 0;
+}
+
+template <typename R>
+void DecodeStateT<R>::move_to(Device* dev) {
+  for (LayerStateT<R>& l : layers) {
+    l.kda.move_to(dev);
+    l.mla.move_to(dev);
+  }
 }
 
 template <typename R>
@@ -151,7 +81,10 @@ void DecodeStateT<R>::reserve(int64_t tokens, const ModelDims& dims) {
 }
 
 template <typename R>
-K3ModelT<R>::K3ModelT(WeightStore weights) : store_(std::move(weights)), dims_(model_dims(store_.config())) {
+K3ModelT<R>::K3ModelT(WeightStore weights)
+    : store_(std::move(weights)),
+      dims_(model_dims(store_.config())),
+      ops_(std::shared_ptr<const OpsT<R>>(&cpu_ops<R>(), [](const OpsT<R>*) {})) {
   for (size_t i = 0; i < store_.layout().size(); ++i)
     if (store_.layout().streamed(i)) {
       if (is_streamable_head_matrix(store_.layout().spec(i))) head_streamed_ = true;
@@ -242,13 +175,13 @@ class HeadCall {
 }  // namespace
 
 template <typename R>
-void K3ModelT<R>::embed(R* dst, const int32_t* ids, int64_t T) const {
+void K3ModelT<R>::embed(R* dst, const int32_t* ids_host, const int32_t* ids_dev, int64_t T) const {
   const int64_t d = dims_.d;
   if constexpr (std::is_same_v<R, float>) {
-    if (head_) return head_->embed_rows(dst, ids, T);
+    if (head_) return head_->embed_rows(dst, ids_host, T);
   }
   K3_ASSERT(!head_streamed_, "K3Model: the embedding is streamed but no head provider is set");
-  for (int64_t t = 0; t < T; ++t) mat_row(dst + t * d, embed_, int64_t(ids[t]), d);
+  ops_->embed_rows(dst, dev_ ? dev_embed() : embed_, ids_dev, T, d);
 }
 
 template <typename R>
@@ -266,15 +199,38 @@ void K3ModelT<R>::lm_head(R* logits, const R* h, int64_t rows) const {
       return;
     }
   }
+  const MatT<R> W = dev_ ? dev_lm_head() : lm_head_;
   for (int64_t r0 = 0; r0 < V; r0 += br)
-    gemm(false, true, rows, std::min(br, V - r0), d, R(1), h, d, lm_head_.offset(r0 * d), d, R(0), logits + r0, V);
+    ops_->gemm(false, true, rows, std::min(br, V - r0), d, R(1), h, d, W.offset(r0 * d), d, R(0), logits + r0, V);
+}
+
+template <typename R>
+const int32_t* K3ModelT<R>::stage_ids(const int32_t* ids, int64_t T, ForwardScratchT<R>& s) const {
+  Device* dev = device();
+  if (!dev) return ids;
+  grow(s.ids, T, dev);
+  s.ids.write(0, ids, size_t(T));
+  return s.ids.data();
+}
+
+template <typename R>
+R* K3ModelT<R>::device_logits(R* logits, int64_t rows, ForwardScratchT<R>& s) const {
+  Device* dev = device();
+  if (!dev) return logits;
+  grow(s.logits, rows * dims_.V, dev);
+  return s.logits.data();
+}
+
+template <typename R>
+void K3ModelT<R>::finish_logits(R* logits, int64_t rows, ForwardScratchT<R>& s) const {
+  if (device()) s.logits.read(logits, 0, size_t(rows * dims_.V));
 }
 
 template <typename R>
 const LayerWeightsT<R>& K3ModelT<R>::layer_for_call(int64_t i) const {
   if constexpr (std::is_same_v<R, float>) {
     if (trunk_ && i >= trunk_->first_streamed()) {
-      LayerWeights& w = trunk_->acquire(i);
+      LayerWeights& w = trunk_->acquire(i);  // (CPU only: to_backend refuses a streamed trunk)
       // The next layer (or the next call's first streamed one) while this one computes.
       trunk_->prefetch(i + 1 < dims_.L ? i + 1 : trunk_->first_streamed());
       const LayerWeights& own = layers_[size_t(i)];
@@ -283,7 +239,7 @@ const LayerWeightsT<R>& K3ModelT<R>::layer_for_call(int64_t i) const {
       return w;
     }
   }
-  return layers_[size_t(i)];
+  return dev_ ? dev_layer(i) : layers_[size_t(i)];
 }
 
 namespace {
@@ -312,7 +268,7 @@ class TrunkCall {
 template <typename R>
 DecodeStateT<R> K3ModelT<R>::new_state() const {
   DecodeStateT<R> st;
-  st.reset(dims_);
+  st.reset(dims_, device());
   return st;
 }
 
@@ -328,14 +284,18 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
            " is outside the vocabulary [0, " + std::to_string(V) + ")");
 
   // Before layer 0: partial = token embedding, no completed blocks.
+  Device* dev = device();
+  K3_ASSERT(!rec || !dev, "K3Model::forward: training runs on the CPU backend");
+  st.move_to(dev);  // a state made for the host moves on first use
+  const int32_t* ids_d = stage_ids(ids, T, s);
   BlockStateT<R>& bs = s.bs;
-  bs.begin(T, d, dims_.max_blocks());
-  embed(bs.partial.data(), ids, T);
+  bs.begin(T, d, dims_.max_blocks(), dev);
+  embed(bs.partial.data(), ids, ids_d, T);
   if (splice) {
     int64_t j = 0;
     for (int64_t t = 0; t < T; ++t)
       if (ids[t] == splice->media_id) {
-        if (j < splice->n) std::copy_n(splice->rows + j * d, d, bs.partial.data() + t * d);
+        if (j < splice->n) bs.partial.write(size_t(t * d), splice->rows + j * d, size_t(d));
         ++j;
       }
     if (j != splice->n)
@@ -354,8 +314,8 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
   {
     TrunkCall call(trunk_.get());
     for (int64_t i = 0; i < dims_.L; ++i) {
-      decoder_layer_forward<R>(bs, st.layers[size_t(i)], layer_for_call(i), dims_, i, T, opt.mode, opt.kda_path,
-                               s.layer, rec ? &rec->layers[size_t(i)] : nullptr);
+      decoder_layer_forward<R>(*ops_, bs, st.layers[size_t(i)], layer_for_call(i), dims_, i, T, opt.mode,
+                               opt.kda_path, s.layer, rec ? &rec->layers[size_t(i)] : nullptr);
       call.release(i);
     }
   }
@@ -363,10 +323,10 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
 
   // Output: h = AttnRes_out(blocks + [partial]); final RMSNorm; lm_head.
   const int64_t row0 = opt.last_only ? T - 1 : 0, rows = T - row0;
-  grow(s.h_out, rows * d);
-  grow(s.h_final, rows * d);
-  grow(s.rstd, rows);
-  grow(s.alpha, rows * (bs.n + 1));  // attn_res_forward would allocate without a buffer
+  grow(s.h_out, rows * d, dev);
+  grow(s.h_final, rows * d, dev);
+  grow(s.rstd, rows, dev);
+  grow(s.alpha, rows * (bs.n + 1), dev);  // attn_res_forward would allocate without a buffer
   R* alpha = s.alpha.data();
   if (rec) {
     rec->n_blocks = bs.n;
@@ -375,9 +335,11 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
     rec->alpha_out.resize(size_t(rows * (bs.n + 1)));
     alpha = rec->alpha_out.data();
   }
-  block_attn_res<R>(s.h_out.data(), alpha, bs, final_res_norm_, final_res_proj_, row0, rows, dims_.eps, s.src);
-  rmsnorm_forward<R>(s.h_final.data(), s.rstd.data(), s.h_out.data(), final_norm_, rows, d, dims_.eps);
-  lm_head(logits, s.h_final.data(), rows);
+  const OutputViews o = output_views();
+  block_attn_res<R>(*ops_, s.h_out.data(), alpha, bs, o.res_norm, o.res_proj, row0, rows, dims_.eps, s.src);
+  ops_->rmsnorm(s.h_final.data(), d, s.rstd.data(), s.h_out.data(), d, o.norm, rows, d, dims_.eps);
+  lm_head(device_logits(logits, rows, s), s.h_final.data(), rows);
+  finish_logits(logits, rows, s);
   if (rec) {
     rec->h_out.assign(s.h_out.begin(), s.h_out.begin() + rows * d);
     rec->rstd_final.assign(s.rstd.begin(), s.rstd.begin() + rows);
@@ -400,9 +362,12 @@ void K3ModelT<R>::forward_batch(R* logits, const int32_t* ids, const int64_t* se
     if (ids[t] < 0 || ids[t] >= V)
       fail("token id " + std::to_string(ids[t]) + " at batch row " + std::to_string(t) +
            " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  Device* dev = device();
+  for (int64_t j = 0; j < n_seg; ++j) states[j]->move_to(dev);
+  const int32_t* ids_d = stage_ids(ids, T, s);
   BlockStateT<R>& bs = s.bs;
-  bs.begin(T, d, dims_.max_blocks());
-  embed(bs.partial.data(), ids, T);
+  bs.begin(T, d, dims_.max_blocks(), dev);
+  embed(bs.partial.data(), ids, ids_d, T);
   s.seg_states.resize(size_t(n_seg));
   LayerBatchT<R> batch{seg, n_seg, s.seg_states.data()};
   K3_ASSERT(trunk_ || !trunk_streamed_, "K3Model::forward_batch: the trunk is streamed but no trunk provider is set");
@@ -410,19 +375,21 @@ void K3ModelT<R>::forward_batch(R* logits, const int32_t* ids, const int64_t* se
     TrunkCall call(trunk_.get());
     for (int64_t i = 0; i < dims_.L; ++i) {
       for (int64_t j = 0; j < n_seg; ++j) s.seg_states[size_t(j)] = &states[j]->layers[size_t(i)];
-      decoder_layer_forward<R>(bs, states[0]->layers[size_t(i)], layer_for_call(i), dims_, i, T, MixerMode::Decode,
-                               kda_path, s.layer, nullptr, &batch);
+      decoder_layer_forward<R>(*ops_, bs, states[0]->layers[size_t(i)], layer_for_call(i), dims_, i, T,
+                               MixerMode::Decode, kda_path, s.layer, nullptr, &batch);
       call.release(i);
     }
   }
   for (int64_t j = 0; j < n_seg; ++j) states[j]->n_tokens += seg[j + 1] - seg[j];
-  grow(s.h_out, T * d);
-  grow(s.h_final, T * d);
-  grow(s.rstd, T);
-  grow(s.alpha, T * (bs.n + 1));
-  block_attn_res<R>(s.h_out.data(), s.alpha.data(), bs, final_res_norm_, final_res_proj_, 0, T, dims_.eps, s.src);
-  rmsnorm_forward<R>(s.h_final.data(), s.rstd.data(), s.h_out.data(), final_norm_, T, d, dims_.eps);
-  lm_head(logits, s.h_final.data(), T);
+  grow(s.h_out, T * d, dev);
+  grow(s.h_final, T * d, dev);
+  grow(s.rstd, T, dev);
+  grow(s.alpha, T * (bs.n + 1), dev);
+  const OutputViews o = output_views();
+  block_attn_res<R>(*ops_, s.h_out.data(), s.alpha.data(), bs, o.res_norm, o.res_proj, 0, T, dims_.eps, s.src);
+  ops_->rmsnorm(s.h_final.data(), d, s.rstd.data(), s.h_out.data(), d, o.norm, T, d, dims_.eps);
+  lm_head(device_logits(logits, T, s), s.h_final.data(), T);
+  finish_logits(logits, T, s);
 }
 
 template LayerWeightsT<float> layer_views<float>(const ParamLayout&, const K3Config&, const float*, int64_t);

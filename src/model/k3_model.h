@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "model/decoder.h"
 #include "model/head_provider.h"
 #include "model/trunk_provider.h"
@@ -32,7 +33,8 @@ template <typename R>
 struct DecodeStateT {
   std::vector<LayerStateT<R>> layers;  // [L]
   int64_t n_tokens = 0;
-  void reset(const ModelDims& dims);                    // fresh sequence: zero states, empty caches
+  void reset(const ModelDims& dims, Device* dev = nullptr);  // fresh sequence on dev: zero states, empty caches
+  void move_to(Device* dev);                                // keeps the contents
   void reserve(int64_t tokens, const ModelDims& dims);  // pre-size the MLA caches
 };
 using DecodeState = DecodeStateT<float>;
@@ -78,7 +80,9 @@ template <typename R>
 struct ForwardScratchT {
   BlockStateT<R> bs;
   LayerScratchT<R> layer;
-  std::vector<R> h_out, h_final, rstd, alpha;
+  Buf<R> h_out, h_final, rstd, alpha;  // on the model's device
+  Buf<int32_t> ids;                    // a device model's token ids
+  Buf<R> logits;                       // a device model's logits before they are copied out
   std::vector<const R*> src;
   std::vector<LayerStateT<R>*> seg_states;  // forward_batch: each sequence's state of one layer
 };
@@ -130,6 +134,18 @@ class K3ModelT {
   K3ModelT(const K3ModelT&) = delete;
   K3ModelT& operator=(const K3ModelT&) = delete;
 
+  // The backend the forward passes run on (kernels/ops.h; docs/architecture.md "Backends"):
+  // the CPU unless to_backend() moved the model. A device backend (float only) holds a copy of
+  // every weight in its memory; the decode states and the scratch live there too (they move
+  // on first use), and forward() / forward_batch() take token ids from the host and give the
+  // logits back to the host, nothing else. Weights streamed from disk, expert providers and
+  // training stay on the CPU (a k3::Error says so). The CPU store stays as it is.
+  void to_backend(std::shared_ptr<const OpsT<R>> ops);
+  const OpsT<R>& ops() const { return *ops_; }
+  Device* device() const { return ops_->device(); }
+  // Bytes of device memory a to_backend() copy of this model's weights takes.
+  int64_t device_weight_bytes() const;
+
   const K3Config& config() const { return store_.config(); }
   const ModelDims& dims() const { return dims_; }
   // Inference only: MLA log-length attention scaling with base n (MLADims::logn_base; 0 off,
@@ -144,7 +160,7 @@ class K3ModelT {
   const R* params() const { return params_; }
   R* params() { return params_; }
   const LayerWeightsT<R>& layer(int64_t i) const { return layers_.at(size_t(i)); }
-  DecodeStateT<R> new_state() const;  // reset for this model
+  DecodeStateT<R> new_state() const;  // reset for this model, on its device
 
   // Memory-limited inference (float only): every MoE layer takes its routed experts from p
   // (kernels/moe.h ExpertProvider; infer/weight_stream.h) instead of the store; null: the
@@ -210,8 +226,34 @@ class K3ModelT {
   bool head_streamed_ = false;                // the store holds no embedding / lm_head (needs head_)
   int64_t head_block_rows_ = 0;
   std::vector<int64_t> sections_;  // ParamLayout::layer_sections (the backward's progress reports)
-  void embed(R* dst, const int32_t* ids, int64_t T) const;        // rows of the embedding
-  void lm_head(R* logits, const R* h, int64_t rows) const;         // logits [rows, V] = h lm_head^T, by blocks
+  std::shared_ptr<const OpsT<R>> ops_;  // the backend (the CPU's by default)
+  struct OutputViews {
+    const R* res_norm;  // [d] output_attn_res_norm
+    const R* res_proj;  // [d] output_attn_res_proj
+    const R* norm;      // [d] the final norm
+  };
+  // A device backend's copy of the weights and the views into it (k3_model_device.cpp).
+  struct DeviceWeights {
+    Buf<R> params;                                     // the f32 store's buffer
+    std::vector<std::shared_ptr<Buf<uint16_t>>> bf16;  // by table position: bf16-held matrices
+    std::vector<Mxfp4Matrix> mx;                       // by table position: MXFP4 experts (device views)
+    std::vector<LayerWeightsT<R>> layers;
+    MatT<R> embed, lm_head;
+    OutputViews out{};
+  };
+  std::unique_ptr<DeviceWeights> dev_;
+  OutputViews output_views() const;  // on the backend's device
+  MatT<R> dev_embed() const;
+  MatT<R> dev_lm_head() const;
+  const LayerWeightsT<R>& dev_layer(int64_t i) const;
+  // ids_host: [T] token ids on the host; ids_dev: the same on the backend's device.
+  void embed(R* dst, const int32_t* ids_host, const int32_t* ids_dev, int64_t T) const;
+  void lm_head(R* logits, const R* h, int64_t rows) const;  // logits [rows, V] = h lm_head^T, by blocks (device)
+  // The token ids on the device (a copy in s.ids for a device backend) after checking them.
+  const int32_t* stage_ids(const int32_t* ids, int64_t T, ForwardScratchT<R>& s) const;
+  // logits [rows, V] on the device: the caller's (CPU) or s.logits, copied out by finish_logits.
+  R* device_logits(R* logits, int64_t rows, ForwardScratchT<R>& s) const;
+  void finish_logits(R* logits, int64_t rows, ForwardScratchT<R>& s) const;
   // The views of layer i for this call: the model's own, or the trunk provider's (acquired,
   // with the next layer's read started).
   const LayerWeightsT<R>& layer_for_call(int64_t i) const;

@@ -28,39 +28,46 @@ KDAFastOptions kda_mixer_fast_options(const KDADims& dims, bool save) {
 }
 
 template <typename R>
-void KDAStateT<R>::reset(const KDADims& dims) {
+void KDAStateT<R>::reset(const KDADims& dims, Device* dev) {
   const int64_t HD = dims.H * dims.D, P = dims.conv_k - 1;
-  S.assign(size_t(dims.H * dims.D * dims.D), R(0));
-  conv_q.assign(size_t(HD * P), R(0));
-  conv_k.assign(size_t(HD * P), R(0));
-  conv_v.assign(size_t(HD * P), R(0));
+  for (Buf<R>* b : {&S, &conv_q, &conv_k, &conv_v}) b->place(dev);
+  S.assign_zeros(size_t(dims.H * dims.D * dims.D));
+  conv_q.assign_zeros(size_t(HD * P));
+  conv_k.assign_zeros(size_t(HD * P));
+  conv_v.assign_zeros(size_t(HD * P));
+}
+
+template <typename R>
+void KDAStateT<R>::move_to(Device* dev) {
+  for (Buf<R>* b : {&S, &conv_q, &conv_k, &conv_v}) b->move_to(dev);
 }
 
 void KDAStepLog::restore(KDAState& state, int64_t n) const {
   K3_ASSERT(n >= 1 && n < tokens, "KDAStepLog::restore: no logged state after that many tokens");
   const size_t nS = state.S.size(), nc = state.conv_q.size(), i = size_t(n - 1);
-  std::copy_n(S.begin() + std::ptrdiff_t(i * nS), nS, state.S.begin());
-  std::copy_n(conv_q.begin() + std::ptrdiff_t(i * nc), nc, state.conv_q.begin());
-  std::copy_n(conv_k.begin() + std::ptrdiff_t(i * nc), nc, state.conv_k.begin());
-  std::copy_n(conv_v.begin() + std::ptrdiff_t(i * nc), nc, state.conv_v.begin());
+  state.S.write(0, S.data() + i * nS, nS);
+  state.conv_q.write(0, conv_q.data() + i * nc, nc);
+  state.conv_k.write(0, conv_k.data() + i * nc, nc);
+  state.conv_v.write(0, conv_v.data() + i * nc, nc);
 }
 
 template <typename R>
-void KDAScratchT<R>::ensure(int64_t T, const KDADims& dims) {
+void KDAScratchT<R>::ensure(int64_t T, const KDADims& dims, Device* dev) {
   const int64_t HD = dims.H * dims.D;
   for (auto* b : {&q_lin, &k_lin, &v_lin, &q_pre, &k_pre, &v_pre, &q_act, &k_act, &v, &q, &k, &z, &g, &o,
                   &o_normed, &gate_lin, &y})
-    grow(*b, T * HD);
-  for (auto* b : {&q_inv, &k_inv, &beta, &o_rstd}) grow(*b, T * dims.H);
-  grow(fa, T * dims.D);
+    grow(*b, T * HD, dev);
+  for (auto* b : {&q_inv, &k_inv, &beta, &o_rstd}) grow(*b, T * dims.H, dev);
+  grow(fa, T * dims.D, dev);
 }
 
 template <typename R>
 void KDAScratchT<R>::ensure_backward(int64_t T, const KDADims& dims) {
   const int64_t HD = dims.H * dims.D;
-  for (auto* b : {&q_act, &o_normed, &y, &dy, &dgate, &d_o, &dq, &dk, &dv, &dg, &dact, &dlin}) grow(*b, T * HD);
-  grow(dbeta, T * dims.H);
-  grow(dfa, T * dims.D);
+  for (auto* b : {&q_act, &o_normed, &y, &dy, &dgate, &d_o, &dq, &dk, &dv, &dg, &dact, &dlin})
+    grow(*b, T * HD, nullptr);
+  grow(dbeta, T * dims.H, nullptr);
+  grow(dfa, T * dims.D, nullptr);
 }
 
 template <typename R>
@@ -77,22 +84,37 @@ void KDASavedT<R>::ensure(int64_t T, const KDADims& dims) {
 
 namespace {
 
+// The core variant of a call on one sequence of Tj tokens (see kda_mixer_forward).
+template <typename R>
+KDACore core_for(KDAPath path, int64_t Tj, bool saved) {
+  if (Tj == 1 && !saved) return path == KDAPath::Fast || path == KDAPath::Steps ? KDACore::StepFast : KDACore::Step;
+  switch (path) {
+    case KDAPath::Steps: return saved ? KDACore::Recurrent : KDACore::StepFast;
+    case KDAPath::Fast: return KDACore::Fast;
+    case KDAPath::Chunked: return KDACore::Chunked;
+    default: return KDACore::Recurrent;
+  }
+}
+
 // The forward over n_seg sequences (rows [seg[j], seg[j+1]) carry states[j]); one sequence is
 // the single-state call. Per-token work runs over all rows; the conv and the core per sequence.
 template <typename R>
-void kda_forward_segments(R* out, KDAStateT<R>* const* states, const int64_t* seg, int64_t n_seg, const R* x,
-                          const KDAWeightsT<R>& w, const KDADims& dims, int64_t T, KDAPath path, KDAScratchT<R>& s,
-                          KDASavedT<R>* saved, KDAStepLog* log) {
+void kda_forward_segments(const OpsT<R>& ops, R* out, KDAStateT<R>* const* states, const int64_t* seg, int64_t n_seg,
+                          const R* x, const KDAWeightsT<R>& w, const KDADims& dims, int64_t T, KDAPath path,
+                          KDAScratchT<R>& s, KDASavedT<R>* saved, KDAStepLog* log) {
   const int64_t d = dims.d, H = dims.H, D = dims.D, HD = H * D, K = dims.conv_k;
+  Device* dev = ops.device();
   K3_ASSERT(K >= 1 && H >= 1 && D >= 1 && d >= 1, "kda_mixer_forward: bad dims");
   K3_ASSERT(n_seg >= 1 && seg[0] == 0 && seg[n_seg] == T, "kda_mixer_forward: segments do not cover the rows");
   K3_ASSERT(!saved || n_seg == 1, "kda_mixer_forward: a training forward (saved) runs one sequence");
+  K3_ASSERT(!(saved || log) || !dev, "kda_mixer_forward: training saves and the step log are CPU-only");
   for (int64_t j = 0; j < n_seg; ++j) {
     const KDAStateT<R>& st = *states[j];
     K3_ASSERT(seg[j + 1] >= seg[j], "kda_mixer_forward: segments out of order");
     K3_ASSERT(int64_t(st.S.size()) == H * D * D && int64_t(st.conv_q.size()) == HD * (K - 1) &&
                   int64_t(st.conv_k.size()) == HD * (K - 1) && int64_t(st.conv_v.size()) == HD * (K - 1),
               "kda_mixer_forward: state not sized for these dims (call KDAState::reset)");
+    K3_ASSERT(st.S.device() == dev && st.conv_q.device() == dev, "kda_mixer_forward: state not on the backend's device");
   }
   KDAStateT<R>& state = *states[0];  // the one sequence of a training forward
   if (saved) {
@@ -100,7 +122,7 @@ void kda_forward_segments(R* out, KDAStateT<R>* const* states, const int64_t* se
     saved->path = path;
   }
   if (T == 0) return;
-  s.ensure(T, dims);
+  s.ensure(T, dims, dev);
 
   // Saved quantities go to `saved` when given (with the input and the starting state), else
   // to the scratch; both name them alike.
@@ -113,7 +135,7 @@ void kda_forward_segments(R* out, KDAStateT<R>* const* states, const int64_t* se
     std::copy(state.conv_v.begin(), state.conv_v.end(), saved->conv_v0.begin());
   }
   using SavedBuf = std::vector<R> KDASavedT<R>::*;
-  using ScratchBuf = std::vector<R> KDAScratchT<R>::*;
+  using ScratchBuf = Buf<R> KDAScratchT<R>::*;
   auto buf = [&](ScratchBuf sb, SavedBuf vb) { return saved ? ((*saved).*vb).data() : (s.*sb).data(); };
   using Sc = KDAScratchT<R>;
   using Sv = KDASavedT<R>;
@@ -137,9 +159,9 @@ void kda_forward_segments(R* out, KDAStateT<R>* const* states, const int64_t* se
   R* gate_lin = buf(&Sc::gate_lin, &Sv::gate_lin);
 
   // q, k, v = ShortConv_SiLU(W x), conv state carried.
-  linear(q_lin, x, w.q_proj, T, d, HD);
-  linear(k_lin, x, w.k_proj, T, d, HD);
-  linear(v_lin, x, w.v_proj, T, d, HD);
+  linear(ops, q_lin, x, w.q_proj, T, d, HD);
+  linear(ops, k_lin, x, w.k_proj, T, d, HD);
+  linear(ops, v_lin, x, w.v_proj, T, d, HD);
   // The step log: token by token (one token, or the Steps path) in float, one sequence.
   const bool logging = log && std::is_same_v<R, float> && n_seg == 1 && !saved && (T == 1 || path == KDAPath::Steps);
   if (log) log->tokens = 0;
@@ -165,87 +187,74 @@ void kda_forward_segments(R* out, KDAStateT<R>* const* states, const int64_t* se
   for (int64_t j = 0; j < n_seg; ++j) {
     const int64_t r = seg[j] * HD, n = seg[j + 1] - seg[j];
     KDAStateT<R>& st = *states[j];
-    shortconv_silu_forward<R>(s.q_act.data() + r, q_pre + r, st.conv_q.data(), q_lin + r, w.q_conv, n, HD, K);
-    shortconv_silu_forward<R>(s.k_act.data() + r, k_pre + r, st.conv_k.data(), k_lin + r, w.k_conv, n, HD, K);
-    shortconv_silu_forward<R>(v + r, v_pre + r, st.conv_v.data(), v_lin + r, w.v_conv, n, HD, K);
+    ops.shortconv_silu(s.q_act.data() + r, q_pre + r, st.conv_q.data(), q_lin + r, w.q_conv, n, HD, K);
+    ops.shortconv_silu(s.k_act.data() + r, k_pre + r, st.conv_k.data(), k_lin + r, w.k_conv, n, HD, K);
+    ops.shortconv_silu(v + r, v_pre + r, st.conv_v.data(), v_lin + r, w.v_conv, n, HD, K);
   }
   // q, k L2-normalised per head; the D^-0.5 on q is the recurrence's scale.
-  l2norm_forward<R>(q, q_inv, s.q_act.data(), T * H, D, kKdaL2Eps);
-  l2norm_forward<R>(k, k_inv, s.k_act.data(), T * H, D, kKdaL2Eps);
+  ops.l2norm(q, q_inv, s.q_act.data(), T * H, D, kKdaL2Eps);
+  ops.l2norm(k, k_inv, s.k_act.data(), T * H, D, kKdaL2Eps);
   const double scale = 1.0 / std::sqrt(double(D));
 
   // beta = sigmoid(W_b x)
-  linear(beta, x, w.b_proj, T, d, H);
-  for (int64_t i = 0; i < T * H; ++i) beta[i] = sigmoid(beta[i]);
+  linear(ops, beta, x, w.b_proj, T, d, H);
+  ops.sigmoid(beta, beta, T * H);
 
   // g = gate(W_fb(W_fa x)), A_log per head.
-  linear(fa, x, w.f_a, T, d, D);
-  linear(z, fa, w.f_b, T, D, HD);
-  kda_gate_forward<R>(g, z, w.A_log, w.dt_bias, T, H, D, dims.bounded, dims.lower_bound);
+  linear(ops, fa, x, w.f_a, T, d, D);
+  linear(ops, z, fa, w.f_b, T, D, HD);
+  ops.kda_gate(g, z, w.A_log, w.dt_bias, T, H, D, dims.bounded, dims.lower_bound);
 
   // The recurrence, state carried, per sequence.
+  const KDAFastOptions fast = kda_mixer_fast_options(dims, saved);
   for (int64_t j = 0; j < n_seg; ++j) {
     const int64_t r = seg[j] * HD, Tj = seg[j + 1] - seg[j];
     if (Tj == 0) continue;
     R* S = states[j]->S.data();
     R* o_j = o + r;
     const R *q_j = q + r, *k_j = k + r, *v_j = v + r, *g_j = g + r, *beta_j = beta + seg[j] * H;
+    const KDACore core = core_for<R>(path, Tj, saved);
     if constexpr (std::is_same_v<R, float>) {
       if (saved && saved->ws.has_saved() && path != KDAPath::Fast)
         saved->ws.release();  // stale per-chunk states of an earlier call: the backward recomputes them
-      if (Tj == 1 && !saved) {
-        if (path == KDAPath::Fast || path == KDAPath::Steps)
-          kda_decode_step_fast(o_j, S, q_j, k_j, v_j, g_j, beta_j, H, D, D, scale);
-        else
-          kda_decode_step(o_j, S, q_j, k_j, v_j, g_j, beta_j, H, D, D, scale);
-      } else if (path == KDAPath::Steps && !saved) {
+    }
+    if constexpr (std::is_same_v<R, float>) {
+      if (logging && core == KDACore::StepFast && Tj > 1) {
+        // Token by token, keeping the state after each token but the last.
         const int64_t HDD = H * D * D;
         for (int64_t t = 0; t < Tj; ++t) {
-          kda_decode_step_fast(o_j + t * HD, S, q_j + t * HD, k_j + t * HD, v_j + t * HD, g_j + t * HD,
-                               beta_j + t * H, H, D, D, scale);
-          if (logging && t + 1 < Tj) std::copy_n(S, HDD, log->S.data() + t * HDD);
+          ops.kda(core, o_j + t * HD, S, q_j + t * HD, k_j + t * HD, v_j + t * HD, g_j + t * HD, beta_j + t * H,
+                  1, H, D, D, scale, fast, s.ws);
+          if (t + 1 < Tj) states[j]->S.read(log->S.data() + t * HDD, 0, size_t(HDD));
         }
-      } else if (path == KDAPath::Fast) {
-        kda_chunk_fast_forward(o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale,
-                               kda_mixer_fast_options(dims, saved), saved ? saved->ws : s.ws);
-      } else if (path == KDAPath::Chunked) {
-        kda_chunk_forward<R>(o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale, kKdaMixerChunk);
-      } else {
-        kda_recurrent_forward<R>(o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale);
+        continue;
       }
-    } else {
-      // No fast kernel in double: Fast runs the chunked reference.
-      if (path != KDAPath::Recurrent && path != KDAPath::Steps && (Tj > 1 || saved))
-        kda_chunk_forward<R>(o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale, kKdaMixerChunk);
-      else
-        kda_recurrent_forward<R>(o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale);
     }
+    ops.kda(core, o_j, S, q_j, k_j, v_j, g_j, beta_j, Tj, H, D, D, scale, fast, saved ? saved->ws : s.ws);
   }
 
   // y = RMSNorm_head(o) * o_norm * sigmoid(W_g x);  out = W_o y
-  rmsnorm_forward<R>(s.o_normed.data(), o_rstd, o, w.o_norm, T * H, D, dims.rms_eps);
-  linear(gate_lin, x, w.g_proj, T, d, HD);
-  R* y = s.y.data();
-  const R* on = s.o_normed.data();
-#pragma omp parallel for schedule(static) if (T * HD > 65536)
-  for (int64_t i = 0; i < T * HD; ++i) y[i] = on[i] * sigmoid(gate_lin[i]);
-  linear(out, y, w.o_proj, T, HD, d);
+  ops.rmsnorm(s.o_normed.data(), D, o_rstd, o, D, w.o_norm, T * H, D, dims.rms_eps);
+  linear(ops, gate_lin, x, w.g_proj, T, d, HD);
+  ops.mul_sigmoid(s.y.data(), s.o_normed.data(), gate_lin, T * HD);
+  linear(ops, out, s.y.data(), w.o_proj, T, HD, d);
   if (logging) log->tokens = T;
 }
 
 }  // namespace
 
 template <typename R>
-void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeightsT<R>& w, const KDADims& dims,
-                       int64_t T, KDAPath path, KDAScratchT<R>& s, KDASavedT<R>* saved, KDAStepLog* log) {
+void kda_mixer_forward(const OpsT<R>& ops, R* out, KDAStateT<R>& state, const R* x, const KDAWeightsT<R>& w,
+                       const KDADims& dims, int64_t T, KDAPath path, KDAScratchT<R>& s, KDASavedT<R>* saved,
+                       KDAStepLog* log) {
   KDAStateT<R>* st = &state;
   const int64_t seg[2] = {0, T};
-  kda_forward_segments<R>(out, &st, seg, 1, x, w, dims, T, path, s, saved, log);
+  kda_forward_segments<R>(ops, out, &st, seg, 1, x, w, dims, T, path, s, saved, log);
 }
 
-void kda_mixer_forward_batch(float* out, KDAState* const* states, const int64_t* seg, int64_t n_seg, const float* x,
-                             const KDAWeights& w, const KDADims& dims, KDAPath path, KDAScratch& s) {
-  kda_forward_segments<float>(out, states, seg, n_seg, x, w, dims, seg[n_seg], path, s, nullptr, nullptr);
+void kda_mixer_forward_batch(const Ops& ops, float* out, KDAState* const* states, const int64_t* seg, int64_t n_seg,
+                             const float* x, const KDAWeights& w, const KDADims& dims, KDAPath path, KDAScratch& s) {
+  kda_forward_segments<float>(ops, out, states, seg, n_seg, x, w, dims, seg[n_seg], path, s, nullptr, nullptr);
 }
 
 template struct KDAStateT<float>;
@@ -254,11 +263,11 @@ template struct KDAScratchT<float>;
 template struct KDAScratchT<double>;
 template struct KDASavedT<float>;
 template struct KDASavedT<double>;
-template void kda_mixer_forward<float>(float*, KDAStateT<float>&, const float*, const KDAWeightsT<float>&,
-                                       const KDADims&, int64_t, KDAPath, KDAScratchT<float>&, KDASavedT<float>*,
-                                       KDAStepLog*);
-template void kda_mixer_forward<double>(double*, KDAStateT<double>&, const double*, const KDAWeightsT<double>&,
-                                        const KDADims&, int64_t, KDAPath, KDAScratchT<double>&,
-                                        KDASavedT<double>*, KDAStepLog*);
+template void kda_mixer_forward<float>(const OpsT<float>&, float*, KDAStateT<float>&, const float*,
+                                       const KDAWeightsT<float>&, const KDADims&, int64_t, KDAPath,
+                                       KDAScratchT<float>&, KDASavedT<float>*, KDAStepLog*);
+template void kda_mixer_forward<double>(const OpsT<double>&, double*, KDAStateT<double>&, const double*,
+                                        const KDAWeightsT<double>&, const KDADims&, int64_t, KDAPath,
+                                        KDAScratchT<double>&, KDASavedT<double>*, KDAStepLog*);
 
 }  // namespace k3

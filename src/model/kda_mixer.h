@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device.h"
 #include "kernels/kda_fast.h"
+#include "kernels/ops.h"
 #include "kernels/weight_mat.h"
 
 namespace k3 {
@@ -74,12 +76,14 @@ constexpr int64_t kKdaMixerChunk = 64;   // chunk of the chunked and fast cores
 // tiles only for a bounded gate with floor >= -5 (else Safe).
 KDAFastOptions kda_mixer_fast_options(const KDADims& dims, bool save_for_backward);
 
-// Carried per-sequence state. reset() zero-fills it for a fresh sequence.
+// Carried per-sequence state, on the host or on the backend's device. reset() zero-fills it
+// for a fresh sequence on `dev` (null: the host).
 template <typename R>
 struct KDAStateT {
-  std::vector<R> S;                       // [H, D, D] recurrent state (key rows, value cols)
-  std::vector<R> conv_q, conv_k, conv_v;  // [H*D, K-1] last K-1 conv inputs, oldest first
-  void reset(const KDADims& dims);
+  Buf<R> S;                       // [H, D, D] recurrent state (key rows, value cols)
+  Buf<R> conv_q, conv_k, conv_v;  // [H*D, K-1] last K-1 conv inputs, oldest first
+  void reset(const KDADims& dims, Device* dev = nullptr);
+  void move_to(Device* dev);  // keeps the contents
 };
 using KDAState = KDAStateT<float>;
 
@@ -141,32 +145,32 @@ using KDASaved = KDASavedT<float>;
 // intermediates are the d* buffers.
 template <typename R>
 struct KDAScratchT {
-  std::vector<R> q_lin, k_lin, v_lin;  // [T, H*D] W x, conv inputs
-  std::vector<R> q_pre, k_pre, v_pre;  // [T, H*D] pre-SiLU conv outputs
-  std::vector<R> q_act, k_act;         // [T, H*D] SiLU outputs, L2Norm inputs
-  std::vector<R> v;                    // [T, H*D] SiLU(v_pre), recurrence v
-  std::vector<R> q, k;                 // [T, H*D] L2-normalised
-  std::vector<R> q_inv, k_inv;         // [T*H]    1 / sqrt(sum^2 + 1e-6)
-  std::vector<R> beta;                 // [T, H]   sigmoid(W_b x)
-  std::vector<R> fa;                   // [T, D]   W_fa x
-  std::vector<R> z;                    // [T, H*D] W_fb fa, gate input
-  std::vector<R> g;                    // [T, H*D] log-decay
-  std::vector<R> o;                    // [T, H*D] KDA core output
-  std::vector<R> o_rstd;               // [T*H]    output RMSNorm 1/rms
-  std::vector<R> o_normed;             // [T, H*D] RMSNorm(o) * o_norm
-  std::vector<R> gate_lin;             // [T, H*D] W_g x
-  std::vector<R> y;                    // [T, H*D] o_normed * sigmoid(gate), W_o input
+  Buf<R> q_lin, k_lin, v_lin;  // [T, H*D] W x, conv inputs
+  Buf<R> q_pre, k_pre, v_pre;  // [T, H*D] pre-SiLU conv outputs
+  Buf<R> q_act, k_act;         // [T, H*D] SiLU outputs, L2Norm inputs
+  Buf<R> v;                    // [T, H*D] SiLU(v_pre), recurrence v
+  Buf<R> q, k;                 // [T, H*D] L2-normalised
+  Buf<R> q_inv, k_inv;         // [T*H]    1 / sqrt(sum^2 + 1e-6)
+  Buf<R> beta;                 // [T, H]   sigmoid(W_b x)
+  Buf<R> fa;                   // [T, D]   W_fa x
+  Buf<R> z;                    // [T, H*D] W_fb fa, gate input
+  Buf<R> g;                    // [T, H*D] log-decay
+  Buf<R> o;                    // [T, H*D] KDA core output
+  Buf<R> o_rstd;               // [T*H]    output RMSNorm 1/rms
+  Buf<R> o_normed;             // [T, H*D] RMSNorm(o) * o_norm
+  Buf<R> gate_lin;             // [T, H*D] W_g x
+  Buf<R> y;                    // [T, H*D] o_normed * sigmoid(gate), W_o input
   // backward
-  std::vector<R> dy;                   // [T, H*D] d out / d y, then d o_normed
-  std::vector<R> dgate;                // [T, H*D] d gate_lin
-  std::vector<R> d_o;                  // [T, H*D] d o
-  std::vector<R> dq, dk, dv, dg;       // [T, H*D] core input gradients (dg then dz)
-  std::vector<R> dbeta;                // [T, H]   d beta, then d beta logits
-  std::vector<R> dfa;                  // [T, D]
-  std::vector<R> dact;                 // [T, H*D] d q_act / d k_act
-  std::vector<R> dlin;                 // [T, H*D] d q_lin / d k_lin / d v_lin
+  Buf<R> dy;                   // [T, H*D] d out / d y, then d o_normed
+  Buf<R> dgate;                // [T, H*D] d gate_lin
+  Buf<R> d_o;                  // [T, H*D] d o
+  Buf<R> dq, dk, dv, dg;       // [T, H*D] core input gradients (dg then dz)
+  Buf<R> dbeta;                // [T, H]   d beta, then d beta logits
+  Buf<R> dfa;                  // [T, D]
+  Buf<R> dact;                 // [T, H*D] d q_act / d k_act
+  Buf<R> dlin;                 // [T, H*D] d q_lin / d k_lin / d v_lin
   KDAWorkspace ws;                     // fast core (float) without `saved`
-  void ensure(int64_t T, const KDADims& dims);
+  void ensure(int64_t T, const KDADims& dims, Device* dev = nullptr);  // forward buffers on dev
   void ensure_backward(int64_t T, const KDADims& dims);
 };
 using KDAScratch = KDAScratchT<float>;
@@ -176,18 +180,27 @@ using KDAScratch = KDAScratchT<float>;
 // whatever the path. With `saved` (training), the call's activations and starting state are
 // stored there for kda_mixer_backward, and T == 1 runs the path's own core. With `log`
 // (float, no `saved`), a Steps call or a one-token call logs its per-token states there.
+// ops: the backend (kernels/ops.h); every pointer and the state on its device. A training
+// forward (saved) and the step log run on the CPU backend only.
+template <typename R>
+void kda_mixer_forward(const OpsT<R>& ops, R* out, KDAStateT<R>& state, const R* x, const KDAWeightsT<R>& w,
+                       const KDADims& dims, int64_t T, KDAPath path, KDAScratchT<R>& scratch,
+                       KDASavedT<R>* saved = nullptr, KDAStepLog* log = nullptr);
 template <typename R>
 void kda_mixer_forward(R* out, KDAStateT<R>& state, const R* x, const KDAWeightsT<R>& w, const KDADims& dims,
                        int64_t T, KDAPath path, KDAScratchT<R>& scratch, KDASavedT<R>* saved = nullptr,
-                       KDAStepLog* log = nullptr);
+                       KDAStepLog* log = nullptr) {
+  kda_mixer_forward<R>(cpu_ops<R>(), out, state, x, w, dims, T, path, scratch, saved, log);
+}
 
 // Several sequences in one call (batched decode): rows [seg[j], seg[j+1]) of x [seg[n_seg], d]
 // belong to the sequence whose state is *states[j] (seg[0] = 0). Projections, norms and gates
 // run over all rows at once, so each weight is read once for the batch; the short conv and the
 // recurrence run per sequence (a one-row segment takes the decode step). Each sequence's rows
 // equal a kda_mixer_forward call on that sequence alone (tests/model/test_forward_batch.cpp).
-void kda_mixer_forward_batch(float* out, KDAState* const* states, const int64_t* seg, int64_t n_seg, const float* x,
-                             const KDAWeights& w, const KDADims& dims, KDAPath path, KDAScratch& scratch);
+void kda_mixer_forward_batch(const Ops& ops, float* out, KDAState* const* states, const int64_t* seg, int64_t n_seg,
+                             const float* x, const KDAWeights& w, const KDADims& dims, KDAPath path,
+                             KDAScratch& scratch);
 
 // Backward of the forward call that filled `saved` (same weights and dims; T == saved.T).
 // dx [T, d] is assigned; grads are accumulated (+=); dout [T, d] is the gradient of out.

@@ -15,10 +15,18 @@
 namespace k3 {
 
 template <typename R>
-void MLACacheT<R>::clear() {
+void MLACacheT<R>::clear(Device* dev) {
+  c_kv.place(dev);
+  k_rope.place(dev);
   c_kv.clear();
   k_rope.clear();
   n = 0;
+}
+
+template <typename R>
+void MLACacheT<R>::move_to(Device* dev) {
+  c_kv.move_to(dev);
+  k_rope.move_to(dev);
 }
 
 template <typename R>
@@ -54,7 +62,7 @@ void MLASavedT<R>::ensure(int64_t Tn, const MLADims& dm) {
 }
 
 template <typename R>
-static void check(const MLAWeightsT<R>& w, const MLADims& dm, const MLACacheT<R>& cache) {
+static void check(const OpsT<R>& ops, const MLAWeightsT<R>& w, const MLADims& dm, const MLACacheT<R>& cache) {
   K3_ASSERT(dm.d > 0 && dm.H > 0 && dm.q_lora > 0 && dm.kv_lora > 0 && dm.nope > 0 && dm.rope >= 0 && dm.v > 0,
             "mla: bad dimensions");
   K3_ASSERT(w.q_a_proj.present() && w.q_a_norm && w.q_b_proj.present() && w.kv_a_proj.present() && w.kv_a_norm &&
@@ -62,6 +70,8 @@ static void check(const MLAWeightsT<R>& w, const MLADims& dm, const MLACacheT<R>
             "mla: missing weight");
   K3_ASSERT(int64_t(cache.c_kv.size()) == cache.n * dm.kv_lora && int64_t(cache.k_rope.size()) == cache.n * dm.rope,
             "mla: cache does not match its token count");
+  K3_ASSERT(cache.c_kv.device() == ops.device() && cache.k_rope.device() == ops.device(),
+            "mla: cache not on the backend's device");
 }
 
 // Pointers of one forward call's intermediates: the saved buffers in training, else scratch.
@@ -72,55 +82,54 @@ struct MLAActs {
 
 // Queries q [T, H, nope + rope] = W_qb RMSNorm(W_qa x), and W_kva x into a.kva.
 template <typename R>
-static void project(const R* x, const MLAWeightsT<R>& w, const MLADims& dm, int64_t T, const MLAActs<R>& a) {
+static void project(const OpsT<R>& ops, const R* x, const MLAWeightsT<R>& w, const MLADims& dm, int64_t T,
+                    const MLAActs<R>& a) {
   const int64_t Dq = dm.nope + dm.rope, A = dm.kv_lora + dm.rope;
-  linear(a.cq_raw, x, w.q_a_proj, T, dm.d, dm.q_lora);
-  rmsnorm_forward<R>(a.cq, a.cq_rstd, a.cq_raw, w.q_a_norm, T, dm.q_lora, dm.rms_eps);
-  linear(a.q, a.cq, w.q_b_proj, T, dm.q_lora, dm.H * Dq);
-  linear(a.kva, x, w.kv_a_proj, T, dm.d, A);
+  linear(ops, a.cq_raw, x, w.q_a_proj, T, dm.d, dm.q_lora);
+  ops.rmsnorm(a.cq, dm.q_lora, a.cq_rstd, a.cq_raw, dm.q_lora, w.q_a_norm, T, dm.q_lora, dm.rms_eps);
+  linear(ops, a.q, a.cq, w.q_b_proj, T, dm.q_lora, dm.H * Dq);
+  linear(ops, a.kva, x, w.kv_a_proj, T, dm.d, A);
 }
 
 // The T new tokens' latents (rows kva [T, kv_lora + rope]) go into the cache:
 // c_kv = RMSNorm(kva[:kv_lora]), k_rope = kva[kv_lora:] (never rotated).
 template <typename R>
-static void append(MLACacheT<R>& cache, const R* kva, const MLAWeightsT<R>& w, const MLADims& dm, int64_t T,
-                   R* ckv_rstd, R* saved_ckv) {
+static void append(const OpsT<R>& ops, MLACacheT<R>& cache, const R* kva, const MLAWeightsT<R>& w, const MLADims& dm,
+                   int64_t T, R* ckv_rstd, R* saved_ckv) {
   const int64_t A = dm.kv_lora + dm.rope, P = cache.n;
   cache.c_kv.resize(size_t((P + T) * dm.kv_lora));
   cache.k_rope.resize(size_t((P + T) * dm.rope));
-  for (int64_t t = 0; t < T; ++t) {
-    rmsnorm_forward<R>(cache.c_kv.data() + (P + t) * dm.kv_lora, ckv_rstd ? ckv_rstd + t : nullptr, kva + t * A,
-                       w.kv_a_norm, 1, dm.kv_lora, dm.rms_eps);
-    std::memcpy(cache.k_rope.data() + (P + t) * dm.rope, kva + t * A + dm.kv_lora, sizeof(R) * size_t(dm.rope));
-  }
+  ops.rmsnorm(cache.c_kv.data() + P * dm.kv_lora, dm.kv_lora, ckv_rstd, kva, A, w.kv_a_norm, T, dm.kv_lora,
+              dm.rms_eps);
+  ops.copy_rows(cache.k_rope.data() + P * dm.rope, dm.rope, kva + dm.kv_lora, A, T, dm.rope);
   if (saved_ckv) std::memcpy(saved_ckv, cache.c_kv.data() + P * dm.kv_lora, sizeof(R) * size_t(T * dm.kv_lora));
   cache.n = P + T;
 }
 
 template <typename R>
-static void project_and_append(MLACacheT<R>& cache, const R* x, const MLAWeightsT<R>& w, const MLADims& dm,
-                               int64_t T, const MLAActs<R>& a, R* saved_ckv) {
-  project<R>(x, w, dm, T, a);
-  append<R>(cache, a.kva, w, dm, T, a.ckv_rstd, saved_ckv);
+static void project_and_append(const OpsT<R>& ops, MLACacheT<R>& cache, const R* x, const MLAWeightsT<R>& w,
+                               const MLADims& dm, int64_t T, const MLAActs<R>& a, R* saved_ckv) {
+  project<R>(ops, x, w, dm, T, a);
+  append<R>(ops, cache, a.kva, w, dm, T, a.ckv_rstd, saved_ckv);
 }
 
 // out = W_o (o * sigmoid(W_g x)), o [T, H * v]. In place on o unless y is given (training
 // keeps o and the gate logits).
 template <typename R>
-static void gate_and_project(R* out, const R* x, const MLAWeightsT<R>& w, const MLADims& dm, int64_t T, R* o,
-                             R* gate, R* y) {
+static void gate_and_project(const OpsT<R>& ops, R* out, const R* x, const MLAWeightsT<R>& w, const MLADims& dm,
+                             int64_t T, R* o, R* gate, R* y) {
   const int64_t HV = dm.H * dm.v;
   R* src = o;
   if (dm.output_gate) {
-    linear(gate, x, w.g_proj, T, dm.d, HV);
+    linear(ops, gate, x, w.g_proj, T, dm.d, HV);
     if (y) {
-      for (int64_t i = 0; i < T * HV; ++i) y[i] = o[i] * sigmoid(gate[i]);
+      ops.mul_sigmoid(y, o, gate, T * HV);
       src = y;
     } else {
-      for (int64_t i = 0; i < T * HV; ++i) o[i] *= sigmoid(gate[i]);
+      ops.mul_sigmoid(o, o, gate, T * HV);
     }
   }
-  linear(out, src, w.o_proj, T, HV, dm.d);
+  linear(ops, out, src, w.o_proj, T, HV, dm.d);
 }
 
 static double softmax_scale(const MLADims& dm) { return 1.0 / std::sqrt(double(dm.nope + dm.rope)); }
@@ -133,13 +142,13 @@ double mla_logn_factor(const MLADims& dm, int64_t p) {
 // Queries q [T, H * Dq] of absolute positions P .. P + T - 1 scaled by mla_logn_factor: the
 // whole row, so every score s_ij = scale q_i . k_j of query i is (the softmax temperature).
 template <typename R>
-static void apply_logn(R* q, const MLADims& dm, int64_t P, int64_t T) {
+static void apply_logn(const OpsT<R>& ops, R* q, const MLADims& dm, int64_t P, int64_t T) {
   if (dm.logn_base <= 1) return;
   const int64_t row = dm.H * (dm.nope + dm.rope);
   for (int64_t t = 0; t < T; ++t) {
-    const R f = R(mla_logn_factor(dm, P + t));
-    if (f == R(1)) continue;
-    for (int64_t i = 0; i < row; ++i) q[t * row + i] *= f;
+    const double f = mla_logn_factor(dm, P + t);
+    if (R(f) == R(1)) continue;
+    ops.scale(q + t * row, f, row);
   }
 }
 
@@ -159,9 +168,11 @@ AttentionDims mla_attention_dims(const MLADims& dm, int64_t T, int64_t P) {
 }
 
 template <typename R>
-void mla_mixer_forward(R* out, MLACacheT<R>& cache, const R* x, const MLAWeightsT<R>& w, const MLADims& dm,
-                       int64_t T, MLAScratchT<R>& s, MLASavedT<R>* saved) {
-  check(w, dm, cache);
+void mla_mixer_forward(const OpsT<R>& ops, R* out, MLACacheT<R>& cache, const R* x, const MLAWeightsT<R>& w,
+                       const MLADims& dm, int64_t T, MLAScratchT<R>& s, MLASavedT<R>* saved) {
+  Device* dev = ops.device();
+  check(ops, w, dm, cache);
+  K3_ASSERT(!saved || !dev, "mla: a training forward (saved) is CPU-only");
   K3_ASSERT(!saved || cache.n == 0, "mla: a training forward (saved) must start from an empty cache");
   K3_ASSERT(!saved || dm.logn_base == 0, "mla: log-length attention scaling is an inference option, not trained");
   if (T == 0) {
@@ -180,71 +191,67 @@ void mla_mixer_forward(R* out, MLACacheT<R>& cache, const R* x, const MLAWeights
     kv = saved->kv.data();
     grow(s.y, T * HV);
   } else {
-    grow(s.cq_raw, T * dm.q_lora);
-    grow(s.cq, T * dm.q_lora);
-    grow(s.q, T * dm.H * Dq);
-    grow(s.kva, T * A);
-    grow(s.kv, Tk * dm.H * KV);
-    grow(s.o, T * HV);
-    if (dm.output_gate) grow(s.gate, T * HV);
+    grow(s.cq_raw, T * dm.q_lora, dev);
+    grow(s.cq, T * dm.q_lora, dev);
+    grow(s.q, T * dm.H * Dq, dev);
+    grow(s.kva, T * A, dev);
+    grow(s.kv, Tk * dm.H * KV, dev);
+    grow(s.o, T * HV, dev);
+    if (dm.output_gate) grow(s.gate, T * HV, dev);
     a = {s.cq_raw.data(), nullptr, s.cq.data(), s.q.data(), s.kva.data(), nullptr, s.o.data(), nullptr,
          dm.output_gate ? s.gate.data() : nullptr};
     kv = s.kv.data();
   }
-  project_and_append(cache, x, w, dm, T, a, saved ? saved->ckv.data() : nullptr);
-  apply_logn(a.q, dm, P, T);
+  project_and_append(ops, cache, x, w, dm, T, a, saved ? saved->ckv.data() : nullptr);
+  apply_logn(ops, a.q, dm, P, T);
   // Expand every cached latent into per-head [k_nope | v]: kv [Tk, H, nope + v].
-  linear(kv, cache.c_kv.data(), w.kv_b_proj, Tk, dm.kv_lora, dm.H * KV);
+  linear(ops, kv, cache.c_kv.data(), w.kv_b_proj, Tk, dm.kv_lora, dm.H * KV);
   const AttentionDims ad = mla_attention_dims(dm, T, P);
-  if constexpr (std::is_same_v<R, float>)
-    attention_forward(a.o, a.q, kv, cache.k_rope.data(), kv + dm.nope, ad, s.attn, a.lse);
-  else
-    attention_forward_ref<R>(a.o, a.q, kv, cache.k_rope.data(), kv + dm.nope, ad, a.lse);
-  gate_and_project(out, x, w, dm, T, a.o, a.gate, saved ? s.y.data() : nullptr);
+  ops.attention(a.o, a.q, kv, cache.k_rope.data(), kv + dm.nope, ad, s.attn, a.lse);
+  gate_and_project(ops, out, x, w, dm, T, a.o, a.gate, saved ? s.y.data() : nullptr);
 }
 
 template struct MLACacheT<float>;
 template struct MLACacheT<double>;
 template struct MLASavedT<float>;
 template struct MLASavedT<double>;
-template void mla_mixer_forward<float>(float*, MLACacheT<float>&, const float*, const MLAWeightsT<float>&,
-                                       const MLADims&, int64_t, MLAScratchT<float>&, MLASavedT<float>*);
-template void mla_mixer_forward<double>(double*, MLACacheT<double>&, const double*, const MLAWeightsT<double>&,
-                                        const MLADims&, int64_t, MLAScratchT<double>&, MLASavedT<double>*);
+template void mla_mixer_forward<float>(const OpsT<float>&, float*, MLACacheT<float>&, const float*,
+                                       const MLAWeightsT<float>&, const MLADims&, int64_t, MLAScratchT<float>&,
+                                       MLASavedT<float>*);
+template void mla_mixer_forward<double>(const OpsT<double>&, double*, MLACacheT<double>&, const double*,
+                                        const MLAWeightsT<double>&, const MLADims&, int64_t, MLAScratchT<double>&,
+                                        MLASavedT<double>*);
 
-void mla_mixer_decode_batch(float* out, MLACache* const* caches, const int64_t* seg, int64_t n_seg, const float* x,
-                            const MLAWeights& w, const MLADims& dm, MLAScratch& s) {
+void mla_mixer_decode_batch(const Ops& ops, float* out, MLACache* const* caches, const int64_t* seg, int64_t n_seg,
+                            const float* x, const MLAWeights& w, const MLADims& dm, MLAScratch& s) {
+  Device* dev = ops.device();
   K3_ASSERT(n_seg >= 1 && seg[0] == 0, "mla_mixer_decode_batch: segments do not start at row 0");
   const int64_t T = seg[n_seg];
   for (int64_t j = 0; j < n_seg; ++j) {
-    check(w, dm, *caches[j]);
+    check(ops, w, dm, *caches[j]);
     K3_ASSERT(seg[j + 1] >= seg[j], "mla_mixer_decode_batch: segments out of order");
   }
   if (T == 0) return;
   const int64_t Dq = dm.nope + dm.rope, KV = dm.nope + dm.v, L = dm.kv_lora, Da = L + dm.rope;
-  grow(s.cq_raw, T * dm.q_lora);
-  grow(s.cq, T * dm.q_lora);
-  grow(s.q, T * dm.H * Dq);
-  grow(s.kva, T * Da);
-  if (dm.output_gate) grow(s.gate, T * dm.H * dm.v);
+  grow(s.cq_raw, T * dm.q_lora, dev);
+  grow(s.cq, T * dm.q_lora, dev);
+  grow(s.q, T * dm.H * Dq, dev);
+  grow(s.kva, T * Da, dev);
+  if (dm.output_gate) grow(s.gate, T * dm.H * dm.v, dev);
   const MLAActs<float> a{s.cq_raw.data(), nullptr, s.cq.data(), s.q.data(), s.kva.data(),
                          nullptr,         nullptr, nullptr,     nullptr};
   // Projections over every row: each weight is read once for the batch.
-  project<float>(x, w, dm, T, a);
-  for (int64_t j = 0; j < n_seg; ++j) apply_logn(s.q.data() + seg[j] * dm.H * Dq, dm, caches[j]->n, seg[j + 1] - seg[j]);
-  grow(s.qa, T * dm.H * Da);
-  grow(s.olat, T * dm.H * L);
-  grow(s.o, T * dm.H * dm.v);
+  project<float>(ops, x, w, dm, T, a);
+  for (int64_t j = 0; j < n_seg; ++j)
+    apply_logn(ops, s.q.data() + seg[j] * dm.H * Dq, dm, caches[j]->n, seg[j + 1] - seg[j]);
+  grow(s.qa, T * dm.H * Da, dev);
+  grow(s.olat, T * dm.H * L, dev);
+  grow(s.o, T * dm.H * dm.v, dev);
   // Absorbed query per head: [q_nope W_uk[h] | q_rope], W_uk[h] = kv_b rows [h*KV, h*KV + nope)
   // ([nope, kv_lora]), so q . k_nope = (W_uk^T q_nope) . c_kv.
-#pragma omp parallel for schedule(static) if (dm.H > 1)
-  for (int64_t h = 0; h < dm.H; ++h) {
-    gemm(false, false, T, L, dm.nope, 1.f, s.q.data() + h * Dq, dm.H * Dq, w.kv_b_proj.offset(h * KV * L), L, 0.f,
-         s.qa.data() + h * Da, dm.H * Da);
-    for (int64_t t = 0; t < T; ++t)
-      std::memcpy(s.qa.data() + (t * dm.H + h) * Da + L, s.q.data() + (t * dm.H + h) * Dq + dm.nope,
-                  sizeof(float) * size_t(dm.rope));
-  }
+  ops.gemm_batched(false, false, T, L, dm.nope, 1.f, s.q.data(), dm.H * Dq, Dq, w.kv_b_proj, L, KV * L, 0.f,
+                   s.qa.data(), dm.H * Da, Da, dm.H);
+  ops.copy_rows(s.qa.data() + L, Da, s.q.data() + dm.nope, Dq, T * dm.H, dm.rope);
   // Per sequence: its new latents join its cache, its queries attend over it. One shared kv
   // head: keys [c_kv | k_rope], values c_kv; o_lat [T, H, kv_lora].
   for (int64_t j = 0; j < n_seg; ++j) {
@@ -252,7 +259,7 @@ void mla_mixer_decode_batch(float* out, MLACache* const* caches, const int64_t* 
     if (Tj == 0) continue;
     MLACache& cache = *caches[j];
     const int64_t P = cache.n;
-    append<float>(cache, s.kva.data() + r * Da, w, dm, Tj, nullptr, nullptr);
+    append<float>(ops, cache, s.kva.data() + r * Da, w, dm, Tj, nullptr, nullptr);
     AttentionDims ad;
     ad.Tq = Tj;
     ad.P = P;
@@ -262,22 +269,20 @@ void mla_mixer_decode_batch(float* out, MLACache* const* caches, const int64_t* 
     ad.Dr = dm.rope;
     ad.Dv = L;
     ad.scale = softmax_scale(dm);
-    attention_forward(s.olat.data() + r * dm.H * L, s.qa.data() + r * dm.H * Da, cache.c_kv.data(),
-                      cache.k_rope.data(), cache.c_kv.data(), ad, s.attn);
+    ops.attention(s.olat.data() + r * dm.H * L, s.qa.data() + r * dm.H * Da, cache.c_kv.data(), cache.k_rope.data(),
+                  cache.c_kv.data(), ad, s.attn, nullptr);
   }
   // Value half: o[h] = W_uv[h] o_lat[h], W_uv[h] = kv_b rows [h*KV + nope, (h+1)*KV) ([v, kv_lora]).
-#pragma omp parallel for schedule(static) if (dm.H > 1)
-  for (int64_t h = 0; h < dm.H; ++h)
-    gemm(false, true, T, dm.v, L, 1.f, s.olat.data() + h * L, dm.H * L, w.kv_b_proj.offset((h * KV + dm.nope) * L), L,
-         0.f, s.o.data() + h * dm.v, dm.H * dm.v);
-  gate_and_project<float>(out, x, w, dm, T, s.o.data(), dm.output_gate ? s.gate.data() : nullptr, nullptr);
+  ops.gemm_batched(false, true, T, dm.v, L, 1.f, s.olat.data(), dm.H * L, L, w.kv_b_proj.offset(dm.nope * L), L,
+                   KV * L, 0.f, s.o.data(), dm.H * dm.v, dm.v, dm.H);
+  gate_and_project<float>(ops, out, x, w, dm, T, s.o.data(), dm.output_gate ? s.gate.data() : nullptr, nullptr);
 }
 
-void mla_mixer_decode(float* out, MLACache& cache, const float* x, const MLAWeights& w, const MLADims& dm,
-                      int64_t T, MLAScratch& s) {
+void mla_mixer_decode(const Ops& ops, float* out, MLACache& cache, const float* x, const MLAWeights& w,
+                      const MLADims& dm, int64_t T, MLAScratch& s) {
   MLACache* c = &cache;
   const int64_t seg[2] = {0, T};
-  mla_mixer_decode_batch(out, &c, seg, 1, x, w, dm, s);
+  mla_mixer_decode_batch(ops, out, &c, seg, 1, x, w, dm, s);
 }
 
 }  // namespace k3

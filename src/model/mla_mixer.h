@@ -12,7 +12,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device.h"
 #include "kernels/attention.h"
+#include "kernels/ops.h"
 #include "kernels/weight_mat.h"
 
 namespace k3 {
@@ -66,10 +68,11 @@ double mla_logn_factor(const MLADims& dm, int64_t p);
 // Latent cache: one row per past token (docs/model.md section 4: 512 + 64 floats per token).
 template <typename R>
 struct MLACacheT {
-  std::vector<R> c_kv;    // [n, kv_lora] normed
-  std::vector<R> k_rope;  // [n, rope]
+  Buf<R> c_kv;    // [n, kv_lora] normed (host or the backend's device)
+  Buf<R> k_rope;  // [n, rope]
   int64_t n = 0;
-  void clear();  // n = 0, keeps capacity
+  void clear(Device* dev = nullptr);  // n = 0 on `dev` (null: the host), keeps capacity there
+  void move_to(Device* dev);         // keeps the contents
   void reserve(int64_t tokens, const MLADims& dims);
   // Drops every token from position n on (n <= this->n): the cache is append-only, so this
   // rewinds it exactly (speculative decoding's rejected drafts, infer/speculative.h).
@@ -101,7 +104,7 @@ using MLASaved = MLASavedT<float>;
 // Reusable buffers (grow only). The d* buffers are the backward's.
 template <typename R>
 struct MLAScratchT {
-  std::vector<R> cq_raw, cq, q, kva, kv, qa, olat, o, gate;
+  Buf<R> cq_raw, cq, q, kva, kv, qa, olat, o, gate;  // forward (on the backend's device)
   std::vector<R> y, dy, dgate, d_o, dq, dkv, dkr, dckv, dkva, dcq, dcq_raw;
   AttentionScratch attn;  // float blocked attention
 };
@@ -117,9 +120,15 @@ AttentionDims mla_attention_dims(const MLADims& dims, int64_t T, int64_t P);
 // W_kvb on every call. out [T, d]; x [T, d]. Float runs the blocked attention, double the
 // plain reference. With `saved` (training; the cache must be empty) the activations are
 // kept there for mla_mixer_backward.
+// ops: the backend (kernels/ops.h); the cache on its device. Training (saved) is CPU-only.
+template <typename R>
+void mla_mixer_forward(const OpsT<R>& ops, R* out, MLACacheT<R>& cache, const R* x, const MLAWeightsT<R>& w,
+                       const MLADims& dims, int64_t T, MLAScratchT<R>& scratch, MLASavedT<R>* saved = nullptr);
 template <typename R>
 void mla_mixer_forward(R* out, MLACacheT<R>& cache, const R* x, const MLAWeightsT<R>& w, const MLADims& dims,
-                       int64_t T, MLAScratchT<R>& scratch, MLASavedT<R>* saved = nullptr);
+                       int64_t T, MLAScratchT<R>& scratch, MLASavedT<R>* saved = nullptr) {
+  mla_mixer_forward<R>(cpu_ops<R>(), out, cache, x, w, dims, T, scratch, saved);
+}
 
 // Backward of the forward call that filled `saved` (same weights and dims; T == saved.T):
 // dx [T, d] assigned; every weight gradient accumulated (+=); dout [T, d]. Attention
@@ -132,14 +141,18 @@ void mla_mixer_backward(R* dx, const MLAGradsT<R>& grads, const R* dout, const M
 // the query (q_nope W_uk gives a kv_lora-wide query) and its value half into the output, so
 // all heads attend directly over the latent cache (one shared kv head: keys [c_kv | k_rope],
 // values c_kv). Equals mla_mixer_forward up to float rounding.
-void mla_mixer_decode(float* out, MLACache& cache, const float* x, const MLAWeights& w, const MLADims& dims,
-                      int64_t T, MLAScratch& scratch);
+void mla_mixer_decode(const Ops& ops, float* out, MLACache& cache, const float* x, const MLAWeights& w,
+                      const MLADims& dims, int64_t T, MLAScratch& scratch);
+inline void mla_mixer_decode(float* out, MLACache& cache, const float* x, const MLAWeights& w, const MLADims& dims,
+                             int64_t T, MLAScratch& scratch) {
+  mla_mixer_decode(cpu_ops<float>(), out, cache, x, w, dims, T, scratch);
+}
 
 // Several sequences in one call (batched decode): rows [seg[j], seg[j+1]) of x [seg[n_seg], d]
 // belong to the sequence whose latent cache is *caches[j] (seg[0] = 0). Projections run over
 // all rows (each weight read once for the batch); the cache append and the attention per
 // sequence. Each sequence's rows equal mla_mixer_decode on that sequence alone.
-void mla_mixer_decode_batch(float* out, MLACache* const* caches, const int64_t* seg, int64_t n_seg, const float* x,
-                            const MLAWeights& w, const MLADims& dims, MLAScratch& scratch);
+void mla_mixer_decode_batch(const Ops& ops, float* out, MLACache* const* caches, const int64_t* seg, int64_t n_seg,
+                            const float* x, const MLAWeights& w, const MLADims& dims, MLAScratch& scratch);
 
 }  // namespace k3

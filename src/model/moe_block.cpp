@@ -62,12 +62,43 @@ void LatentMoESavedT<R>::ensure(int64_t Tn, const LatentMoEDims& dm) {
 template struct LatentMoESavedT<float>;
 template struct LatentMoESavedT<double>;
 
-void latent_moe_forward(float* out, const float* x, const LatentMoEWeights& w, const LatentMoEDims& dm, int64_t T,
-                        MoEScratch& s, MoERouting* routing_out, LatentMoESaved* saved) {
+void latent_moe_forward(const Ops& ops, float* out, const float* x, const LatentMoEWeights& w,
+                        const LatentMoEDims& dm, int64_t T, MoEScratch& s, MoERouting* routing_out,
+                        LatentMoESaved* saved) {
+  Device* dev = ops.device();
   check_dims(w, dm);
+  K3_ASSERT(!(saved || w.provider) || !dev, "latent_moe_forward: training saves and expert providers are CPU-only");
   if (saved) saved->ensure(T, dm);
   if (T == 0) return;
-  const MoERouting& r = route(routing_out, saved, s, x, w, dm, T);
+  // The routing lands in the saved record (training), the caller's routing_out (host, CPU), or
+  // the scratch (then copied to a routing_out on the host).
+  int32_t* idx;
+  float *rw, *scores;
+  MoERouting* host_r = saved ? &saved->routing : !dev ? routing_out : nullptr;
+  if (host_r) {
+    host_r->idx.resize(size_t(T * dm.k));
+    host_r->weight.resize(size_t(T * dm.k));
+    host_r->scores.resize(size_t(T * dm.E));
+    idx = host_r->idx.data(), rw = host_r->weight.data(), scores = host_r->scores.data();
+  } else {
+    grow(s.idx, T * dm.k, dev);
+    grow(s.weight, T * dm.k, dev);
+    grow(s.scores, T * dm.E, dev);
+    idx = s.idx.data(), rw = s.weight.data(), scores = s.scores.data();
+  }
+  ops.router(idx, rw, scores, x, w.router, w.router_bias, T, dm.d, dm.E, dm.k, dm.renorm, dm.scale);
+  if (routing_out && host_r != routing_out) {
+    if (saved) {
+      *routing_out = saved->routing;
+    } else {
+      routing_out->idx.resize(size_t(T * dm.k));
+      routing_out->weight.resize(size_t(T * dm.k));
+      routing_out->scores.resize(size_t(T * dm.E));
+      s.idx.read(routing_out->idx.data(), 0, size_t(T * dm.k));
+      s.weight.read(routing_out->weight.data(), 0, size_t(T * dm.k));
+      s.scores.read(routing_out->scores.data(), 0, size_t(T * dm.E));
+    }
+  }
   float *z, *u, *u_rstd = nullptr, *gu, *act;
   if (saved) {
     std::copy(x, x + T * dm.d, saved->x.begin());
@@ -77,40 +108,44 @@ void latent_moe_forward(float* out, const float* x, const LatentMoEWeights& w, c
     gu = saved->shared_gu.data();
     act = saved->shared_act.data();
   } else {
-    grow(s.z, T * dm.l);
-    grow(s.u, T * dm.l);
-    grow(s.gu, T * 2 * dm.shared_width);
-    grow(s.act, T * dm.shared_width);
+    grow(s.z, T * dm.l, dev);
+    grow(s.u, T * dm.l, dev);
+    grow(s.gu, T * 2 * dm.shared_width, dev);
+    grow(s.act, T * dm.shared_width, dev);
     z = s.z.data(), u = s.u.data(), gu = s.gu.data(), act = s.act.data();
   }
-  grow(s.un, T * dm.l);
+  grow(s.un, T * dm.l, dev);
   if (w.provider) {  // start reading the chosen experts now; the work below overlaps the reads
-    moe_distinct_experts(s.distinct, r.idx.data(), T, dm.k, dm.E);
+    moe_distinct_experts(s.distinct, idx, T, dm.k, dm.E);
     w.provider->prefetch(w.provider_layer, s.distinct.data(), int64_t(s.distinct.size()));
   }
-  linear(z, x, w.down, T, dm.d, dm.l);  // z = W_down x
+  linear(ops, z, x, w.down, T, dm.d, dm.l);  // z = W_down x
   // Shared experts, first half: gu = [x W1s^T | x W3s^T], act = SiTU. Independent of the routed
   // experts: moe_experts_forward runs it first, or, in expert-parallel training, while the
   // experts' outputs travel back from their owners.
   auto first_half = [&] {
     if (dm.shared_width == 0) return;
-    gemm(false, true, T, dm.shared_width, dm.d, 1.f, x, dm.d, w.shared_w1, dm.d, 0.f, gu, 2 * dm.shared_width);
-    gemm(false, true, T, dm.shared_width, dm.d, 1.f, x, dm.d, w.shared_w3, dm.d, 0.f, gu + dm.shared_width,
-         2 * dm.shared_width);
-    situ_glu_forward(act, gu, T, dm.shared_width, dm.situ_b1, dm.situ_b2);
+    ops.gemm(false, true, T, dm.shared_width, dm.d, 1.f, x, dm.d, w.shared_w1, dm.d, 0.f, gu, 2 * dm.shared_width);
+    ops.gemm(false, true, T, dm.shared_width, dm.d, 1.f, x, dm.d, w.shared_w3, dm.d, 0.f, gu + dm.shared_width,
+             2 * dm.shared_width);
+    ops.situ_glu(act, gu, T, dm.shared_width, dm.situ_b1, dm.situ_b2);
   };
   const std::function<void()> shared_first_half = [&first_half] { first_half(); };  // one reference: no allocation
-  moe_experts_forward(u, z, r.idx.data(), r.weight.data(), w.w1.data(), w.w3.data(), w.w2.data(), T, dm.l, dm.F,
-                      dm.E, dm.k, dm.situ_b1, dm.situ_b2, s.experts, saved ? saved->slot_gu.data() : nullptr,
-                      saved ? saved->slot_y.data() : nullptr, w.provider, &shared_first_half);
+  MoEExpertsExtras extras;
+  extras.gu_saved = saved ? saved->slot_gu.data() : nullptr;
+  extras.y_saved = saved ? saved->slot_y.data() : nullptr;
+  extras.provider = w.provider;
+  extras.overlap = &shared_first_half;
+  ops.moe_experts(u, z, idx, rw, w.w1.data(), w.w3.data(), w.w2.data(), T, dm.l, dm.F, dm.E, dm.k, dm.situ_b1,
+                  dm.situ_b2, s.experts, extras);
   const float* un = u;
   if (dm.use_norm) {
-    rmsnorm_forward<float>(s.un.data(), u_rstd, u, w.latent_norm, T, dm.l, dm.rms_eps);
+    ops.rmsnorm(s.un.data(), dm.l, u_rstd, u, dm.l, w.latent_norm, T, dm.l, dm.rms_eps);
     un = s.un.data();
   }
-  linear(out, un, w.up, T, dm.l, dm.d);  // W_up RMSNorm(u)
+  linear(ops, out, un, w.up, T, dm.l, dm.d);  // W_up RMSNorm(u)
   // Shared experts, second half: out += act W2s^T (dense_ffn_forward's last step).
-  if (dm.shared_width > 0) linear(out, act, w.shared_w2, T, dm.shared_width, dm.d, /*accumulate=*/true);
+  if (dm.shared_width > 0) linear(ops, out, act, w.shared_w2, T, dm.shared_width, dm.d, /*accumulate=*/true);
 }
 
 namespace {

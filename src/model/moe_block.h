@@ -15,7 +15,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device.h"
 #include "kernels/moe.h"
+#include "kernels/ops.h"
 #include "kernels/weight_mat.h"
 
 namespace k3 {
@@ -95,8 +97,11 @@ using LatentMoESaved = LatentMoESavedT<float>;
 // Reusable buffers (grow only). The d* buffers are the backward's.
 template <typename R>
 struct MoEScratchT {
-  MoERoutingT<R> routing;  // used when the caller passes no routing_out
-  std::vector<R> z, u, un, gu, act;
+  MoERoutingT<R> routing;  // the dense reference's, when the caller passes no routing_out
+  Buf<int32_t> idx;        // [T, k] the grouped forward's routing when not saved (on the backend's device)
+  Buf<R> weight;           // [T, k]
+  Buf<R> scores;           // [T, E]
+  Buf<R> z, u, un, gu, act;
   std::vector<int32_t> distinct;  // a provider's distinct experts of the call
   std::vector<R> dun, du, dz, dtopk_w, dlogits, dgu, dact;
   MoEExpertScratch experts;
@@ -105,9 +110,16 @@ using MoEScratch = MoEScratchT<float>;
 
 // out [T, d] (assigned); x [T, d]. With `saved` (training) the activations are kept there
 // (and the routing in saved->routing; routing_out, if also given, receives a copy).
-void latent_moe_forward(float* out, const float* x, const LatentMoEWeights& w, const LatentMoEDims& dims,
-                        int64_t T, MoEScratch& scratch, MoERouting* routing_out = nullptr,
+// ops: the backend (kernels/ops.h); a routing_out on the host receives a copy of the routing.
+// Training (saved) and an expert provider are CPU-only.
+void latent_moe_forward(const Ops& ops, float* out, const float* x, const LatentMoEWeights& w,
+                        const LatentMoEDims& dims, int64_t T, MoEScratch& scratch, MoERouting* routing_out = nullptr,
                         LatentMoESaved* saved = nullptr);
+inline void latent_moe_forward(float* out, const float* x, const LatentMoEWeights& w, const LatentMoEDims& dims,
+                               int64_t T, MoEScratch& scratch, MoERouting* routing_out = nullptr,
+                               LatentMoESaved* saved = nullptr) {
+  latent_moe_forward(cpu_ops<float>(), out, x, w, dims, T, scratch, routing_out, saved);
+}
 template <typename R>
 void latent_moe_forward_dense_reference(R* out, const R* x, const LatentMoEWeightsT<R>& w,
                                         const LatentMoEDims& dims, int64_t T, MoEScratchT<R>& scratch,

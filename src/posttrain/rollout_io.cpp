@@ -123,7 +123,7 @@ void save_rollouts(const std::string& dir, const std::vector<Trajectory>& buffer
     if (t.started && !t.finished) {
       Json sizes = Json::array();
       const DecodeState& st = t.state;
-      for (const std::vector<float>* a : state_arrays(st)) {
+      for (const Buf<float>* a : state_arrays(st)) {  // rollouts run on the CPU: host buffers
         sizes.push_back(a->size());
         bin.insert(bin.end(), a->begin(), a->end());
       }
@@ -205,13 +205,13 @@ std::vector<Trajectory> load_rollouts(const std::string& dir, const K3Model& mod
       t.state = fresh;
       t.state.n_tokens = s.at("n_tokens").get<int64_t>();
       const Json& sizes = s.at("arrays");
-      std::vector<std::vector<float>*> arrays = state_arrays(t.state);
+      std::vector<Buf<float>*> arrays = state_arrays(t.state);
       if (sizes.size() != arrays.size()) fail_input(jp, field + ".state.arrays", "has the wrong number of arrays");
       for (size_t k = 0; k < arrays.size(); ++k) {
         const size_t want = sizes[k].get<size_t>();
         if (k % 6 < 4 && want != arrays[k]->size())  // KDA S and conv states have the model's sizes
           fail_input(jp, field + ".state.arrays", "a KDA state's size does not match the model");
-        take(*arrays[k], want, field + ".state");
+        take(arrays[k]->host(), want, field + ".state");
       }
       for (size_t l = 0; l < t.state.layers.size(); ++l) t.state.layers[l].mla.n = s.at("mla_n").at(l).get<int64_t>();
     }

@@ -59,8 +59,8 @@ TEST(MLAMixer, MatchesFixture) {
   mla_mixer_forward(y.data(), cache, f.x.data.data(), f.weights(), f.dims, f.T, s);
   test::expect_close(y, f.out, 1e-5, 1e-4, "mla out");
   ASSERT_EQ(cache.n, f.T);
-  test::expect_close(cache.c_kv, f.kv_latent, 1e-5, 1e-4, "kv_latent (normed c_kv)");
-  test::expect_close(cache.k_rope, f.k_rope, 1e-5, 1e-4, "k_rope (not rotated)");
+  test::expect_close(cache.c_kv.host(), f.kv_latent, 1e-5, 1e-4, "kv_latent (normed c_kv)");
+  test::expect_close(cache.k_rope.host(), f.k_rope, 1e-5, 1e-4, "k_rope (not rotated)");
   // Reusing the cache after clear() and the warm scratch gives the same result.
   cache.clear();
   std::vector<float> y2(y.size());
