@@ -62,6 +62,8 @@ void DecodeStateT<R>::reset(const ModelDims& dims, Device* dev) {
     LayerStateT<R>& l = layers[size_t(i)];
     if (dims.mla[size_t(i)]) l.mla.clear(dev);
     else l.kda.reset(dims.kda, dev);
+    l.kda.move_to(dev);  // the other kind's (empty) buffers too: a whole state on one device
+    l.mla.move_to(dev);
   }
   n_tokens = 0;
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/emulated_backend.h"
 #include "common/random_model.h"
 #include "core/error.h"
 #include "infer/engine.h"
@@ -321,4 +322,41 @@ TEST(Engine, ConstraintErrorEndsOnlyItsRequest) {
   EXPECT_NE(bad.final.error.find("token 7"), std::string::npos) << bad.final.error;
   EXPECT_EQ(bad.ids, (std::vector<int32_t>{5}));
   EXPECT_EQ(collect(*e.submit(greedy({1, 2, 3}, 10, -1))).ids, (std::vector<int32_t>{5, 7, 9}));
+}
+
+// The engine on a device backend (the emulated one: device pointers the host cannot
+// dereference, CPU kernels behind them): every request gets the tokens and log-probabilities
+// the CPU engine gives it, with the prefix cache's snapshots taken from and restored to device
+// states, and the greedy tokens of a Session on the device equal the CPU's.
+TEST(Engine, DeviceBackendGivesTheCpuTokensWithThePrefixCache) {
+  const K3Model& cpu = model();
+  K3Model dev = test::random_model(test::tiny_config(), 51);
+  dev.to_backend(test::emulated_ops());
+  const int64_t V = cpu.dims().V;
+  const std::vector<int32_t> system = test::make_ids(40, V, 17);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> p = system;
+    const std::vector<int32_t> tail = test::make_ids(5 + 9 * i, V, uint32_t(40 + i));
+    p.insert(p.end(), tail.begin(), tail.end());
+    prompts.push_back(p);
+  }
+  std::vector<std::vector<Result>> res(2);
+  for (int b = 0; b < 2; ++b) {
+    EngineOptions o;
+    o.parallel = 2;
+    o.ctx = 512;
+    o.prefill_chunk = 16;
+    o.prefix_cache = true;
+    Engine e(b == 0 ? cpu : dev, o);
+    std::vector<std::shared_ptr<RequestHandle>> hs;
+    for (const auto& p : prompts) hs.push_back(e.submit(greedy(p, 5, 5)));
+    for (auto& h : hs) res[size_t(b)].push_back(collect(*h));
+    EXPECT_GT(e.stats().prefix_cache_hits, 0u);
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(res[0][i].ids, res[1][i].ids) << "request " << i;
+    EXPECT_EQ(res[0][i].logprobs, res[1][i].logprobs) << "request " << i;
+  }
+  EXPECT_EQ(session_greedy(dev, prompts[0], 6), session_greedy(cpu, prompts[0], 6));
 }

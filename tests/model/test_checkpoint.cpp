@@ -5,6 +5,8 @@
 // previous checkpoint intact; model directories (config.json, tokenizer.json) and a model
 // loaded from disk computing the same logits as the one it was saved from.
 #include <gtest/gtest.h>
+
+#include "common/cli_run.h"
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -28,18 +30,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3ckpt-XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string sub(const std::string& n) const { return path + "/" + n; }
-};
+using test::TempDir;
 
 std::vector<std::string> listing(const std::string& dir) {
   std::vector<std::string> v;

@@ -11,6 +11,8 @@
 //    vision_config;
 //  - the generator reproduces the committed fixture byte for byte.
 #include <gtest/gtest.h>
+
+#include "common/cli_run.h"
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,18 +43,7 @@ using k3::test::kReleaseTiny;
 
 const std::string kALog1 = layer_prefix(1) + "self_attn.A_log";  // a KDA layer's A_log
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "k3rel-XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string sub(const std::string& n) const { return path + "/" + n; }
-};
+using test::TempDir;
 
 std::string slurp(const std::string& p) {
   std::ifstream f(p, std::ios::binary);

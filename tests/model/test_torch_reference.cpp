@@ -16,6 +16,8 @@
 // Needs /usr/bin/python3 with torch (scripts/setup.sh installs python3-torch); without it the
 // tests skip and say why.
 #include <gtest/gtest.h>
+
+#include "common/cli_run.h"
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -82,22 +84,7 @@ std::string torch_unavailable() {
     }                                                                       \
   } while (0)
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = std::filesystem::temp_directory_path().string() + "/k3_torch_ref_XXXXXX";
-    char* p = mkdtemp(tmpl.data());
-    if (p) path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty() && !getenv("K3_KEEP_TMP")) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test::TempDir;
 
 // The test model (see the file comment). F and l are 32 for the MXFP4 variant (its matrix
 // widths must be multiples of 32).
@@ -235,15 +222,15 @@ TEST(TorchReference, SelfTestPassesFixtures) {
 TEST(TorchReference, LogitsMatchF32Checkpoint) {
   REQUIRE_TORCH();
   TempDir tmp;
-  ASSERT_FALSE(tmp.path().empty());
-  check_logits(test_config(), tmp.path(), ExpertStorage::Plain, DType::F32);
+  ASSERT_FALSE(tmp.path.empty());
+  check_logits(test_config(), tmp.path, ExpertStorage::Plain, DType::F32);
 }
 
 TEST(TorchReference, LogitsMatchBf16Mxfp4Checkpoint) {
   REQUIRE_TORCH();
   TempDir tmp;
-  ASSERT_FALSE(tmp.path().empty());
-  check_logits(test_config(32, 32), tmp.path(), ExpertStorage::Mxfp4, DType::BF16);
+  ASSERT_FALSE(tmp.path.empty());
+  check_logits(test_config(32, 32), tmp.path, ExpertStorage::Mxfp4, DType::BF16);
 }
 
 // The checkpoint in the released layout (tests/data/k3-release-tiny: bf16/f32 tensors as the
@@ -252,8 +239,8 @@ TEST(TorchReference, LogitsMatchBf16Mxfp4Checkpoint) {
 TEST(TorchReference, LogitsMatchReleasedLayoutFixture) {
   REQUIRE_TORCH();
   TempDir tmp;
-  ASSERT_FALSE(tmp.path().empty());
-  compare_logits(std::string(K3_TEST_DATA_DIR) + "/k3-release-tiny", tmp.path());
+  ASSERT_FALSE(tmp.path.empty());
+  compare_logits(std::string(K3_TEST_DATA_DIR) + "/k3-release-tiny", tmp.path);
 }
 
 // A checkpoint of the test model (seed 99) in <tmp>/model, B rows of T+1 tokens in
@@ -290,8 +277,8 @@ GradsRun run_torch_grads(const std::string& tmp) {
 TEST(TorchReference, GradsFileFormatAndLoss) {
   REQUIRE_TORCH();
   TempDir tmp;
-  ASSERT_FALSE(tmp.path().empty());
-  const GradsRun g = run_torch_grads(tmp.path());
+  ASSERT_FALSE(tmp.path.empty());
+  const GradsRun g = run_torch_grads(tmp.path);
   ASSERT_EQ(g.result.status, 0) << g.result.output;
   const K3Config& cfg = g.cfg;
   const int64_t B = g.B, T = g.T, V = cfg.vocab_size;
@@ -354,8 +341,8 @@ TEST(TorchReference, GradsFileFormatAndLoss) {
 TEST(TorchReference, GradientsMatchK3cpp) {
   REQUIRE_TORCH();
   TempDir tmp;
-  ASSERT_FALSE(tmp.path().empty());
-  const GradsRun g = run_torch_grads(tmp.path());
+  ASSERT_FALSE(tmp.path.empty());
+  const GradsRun g = run_torch_grads(tmp.path);
   ASSERT_EQ(g.result.status, 0) << g.result.output;
   auto f = SafetensorsFile::open(g.out);
   const double torch_loss = std::stod(f->metadata().at("loss"));
