@@ -1,0 +1,56 @@
+// The CUDA tests' shared device (see cuda_test.h) and the checks of the device itself: opening
+// it, copies both ways, the allocator's errors.
+#include "cuda_test.h"
+
+#include <memory>
+
+#include "core/error.h"
+
+namespace k3::test {
+
+cuda::CudaDevice* cuda_device() {
+  static std::unique_ptr<cuda::CudaDevice> dev = [] {
+    return cuda::cuda_available() ? std::make_unique<cuda::CudaDevice>(0) : nullptr;
+  }();
+  return dev.get();
+}
+
+}  // namespace k3::test
+
+using namespace k3;
+
+TEST(CudaDevice, DescribesItselfOrWhyThereIsNone) {
+  const std::string d = cuda::describe_cuda();
+  EXPECT_NE(d.find("CUDA runtime"), std::string::npos) << d;
+  if (!cuda::cuda_available()) {
+    // No GPU: opening one is one clear error, not a crash.
+    try {
+      cuda::CudaDevice dev(0);
+      ADD_FAILURE() << "opened a CUDA device on a machine that reports none";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--device cuda"), std::string::npos) << e.what();
+    }
+    GTEST_SKIP() << d;
+  }
+}
+
+TEST(CudaDevice, CopiesRoundTripAndOutOfMemoryNamesTheSizes) {
+  K3_REQUIRE_CUDA();
+  std::vector<float> h(1 << 20);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = float(i) * 0.5f - 3.f;
+  Buf<float> b = test::to_dev(h);
+  Buf<float> c = b;  // a device-to-device deep copy
+  b.assign_zeros(b.size());
+  EXPECT_EQ(test::to_host(c), h);
+  EXPECT_EQ(test::to_host(b), std::vector<float>(h.size(), 0.f));
+  c.resize(h.size() + 5);  // growth keeps the contents, zero-fills the tail
+  const std::vector<float> g = test::to_host(c);
+  EXPECT_TRUE(std::equal(h.begin(), h.end(), g.begin()));
+  EXPECT_EQ(g.back(), 0.f);
+  try {
+    test::cuda_device()->alloc(size_t(1) << 50);
+    ADD_FAILURE() << "a 1 PiB allocation succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of device memory"), std::string::npos) << e.what();
+  }
+}
