@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/device_option.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "io/atomic_file.h"
@@ -31,8 +32,9 @@ const char* kEvalLongUsage =
     "usage: k3cpp eval <model dir> --task passkey|mqar|vartrack|mixed|loss-by-position\n"
     "                  [--lengths 1K,2K,...] [--depths 0,0.25,0.5,0.75,1] [--samples N] [--pairs N]\n"
     "                  [--queries N] [--hops N] [--chunk N] [--bucket N] [--data SPEC] [--seed N] [--threads N]\n"
-    "                  [--attn-logn N] [--json out.json]\n"
+    "                  [--attn-logn N] [--device cpu|cuda[:N]] [--json out.json]\n"
     "  --lengths   sample lengths in tokens (K = 1024), default 1K,2K,4K\n"
+    "  --device    cpu (default) or cuda[:N]: the backend the model runs on (also K3_DEVICE)\n"
     "  --depths    passkey: where the key sits; vartrack: where the chain starts (default 0,0.25,0.5,0.75,1)\n"
     "  --samples   samples per grid cell (default 5)\n"
     "  --pairs     mqar, mixed: key-value pairs (default 16); vartrack: chain hops (default 4)\n"
@@ -90,7 +92,7 @@ json figures_json(const std::vector<int64_t>& lengths, const std::vector<LengthF
 int cmd_eval_long(const std::vector<std::string>& args) {
   Args a(args,
          {"task", "lengths", "depths", "samples", "pairs", "queries", "hops", "chunk", "bucket", "data", "seed", "threads",
-          "json", "attn-logn"},
+          "json", "attn-logn", "device"},
          {"help"}, "eval");
   if (a.flag("help")) {
     std::fputs(kEvalLongUsage, stdout);
@@ -119,6 +121,7 @@ int cmd_eval_long(const std::vector<std::string>& args) {
   const std::string vocab = voc.describe();
   LoadOptions lo;
   lo.dense_as_stored = true;
+  lo.backend = backend_from(a, "eval");
   K3Model model = load_model(md, lo);
   const int64_t logn = a.get_int("attn-logn", 0);
   if (logn < 0 || logn == 1) fail("--attn-logn: expected 0 (off) or a length of at least 2, got " + std::to_string(logn));

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/device_option.h"
 #include "cli/ram_budget.h"
 #include "core/error.h"
 #include "core/threads.h"
@@ -245,6 +246,7 @@ int cmd_serve(const std::vector<std::string>& args) {
     lo.dense_as_stored = true;
     lo.ram_budget_bytes = budget.budget;
     lo.keep_expert = keep_expert;
+    lo.backend = backend_from(a, "serve");
     if (keep_expert)
       lo.log = [ep](const std::string& line) {
         if (line.rfind("released ", 0) == 0) std::fprintf(stderr, "k3cpp serve: rank 0 of %lld: %s\n", ep, line.c_str());

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/device_option.h"
 #include "core/error.h"
 #include "core/simd_target.h"
 #include "kernels/blas_core.h"
@@ -47,8 +48,8 @@ int main(int argc, char** argv) {
   argv = kept.data();
   if (argc >= 2 && (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version"))) {
     k3::blas_choose_core();
-    std::printf("k3cpp %s\n%s; OpenBLAS %s\n", K3_VERSION, k3::machine_summary().c_str(),
-                k3::blas_core_name().c_str());
+    std::printf("k3cpp %s\n%s; OpenBLAS %s\n%s\n", K3_VERSION, k3::machine_summary().c_str(),
+                k3::blas_core_name().c_str(), k3::cli::describe_gpus().c_str());
     return 0;
   }
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "help")) {

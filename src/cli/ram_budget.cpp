@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "cli/device_option.h"
 #include "core/error.h"
 #include "model/planner.h"
 
@@ -17,6 +18,7 @@ const std::vector<std::string>& ram_budget_options() {
 }
 
 const char* kRamBudgetUsage =
+    "  --device D          cpu (default) or cuda[:N]: the backend the model runs on (also K3_DEVICE)\n"
     "  --ram-budget GB     memory-limited inference: hold at most GB (1e9 bytes) of weights, reading the\n"
     "                      routed experts from disk into an expert cache; the dense trunk stays resident\n"
     "                      if it fits, else its layers stream through a ring of two slots, and the\n"
@@ -30,6 +32,7 @@ const char* kRamBudgetUsage =
 
 std::vector<std::string> with_ram_budget_options(std::vector<std::string> options) {
   for (const std::string& o : ram_budget_options()) options.push_back(o);
+  options.push_back("device");  // the backend the loaded model runs on (cli/device_option.h)
   return options;
 }
 
@@ -81,6 +84,7 @@ BudgetedModel load_budgeted(const Args& a, const ModelDir& md, LoadOptions lo, c
     bm.page_cache_before = system_page_cache_bytes();
     bm.sampler = std::make_unique<MemSampler>(20);
   }
+  if (!lo.backend) lo.backend = backend_from(a, command);
   bm.im = std::make_unique<InferenceModel>(load_inference_model(md, lo, so, disk));
   if (bm.budget) {
     std::fprintf(stderr, "%s: %s\n", command, stream_projection_line(bm.im->plan).c_str());

@@ -18,7 +18,8 @@ namespace k3::cli {
 const std::vector<std::string>& ram_budget_options();
 // Usage lines for them.
 extern const char* kRamBudgetUsage;
-// `options` + ram_budget_options().
+// `options` + ram_budget_options() + "device" (cli/device_option.h: load_budgeted places the
+// model on the backend it names).
 std::vector<std::string> with_ram_budget_options(std::vector<std::string> options);
 
 // --ram-budget, --cache-policy, --io, --disk-gbps, --trunk-slots as parsed (budget 0: resident; the others

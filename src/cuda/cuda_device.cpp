@@ -62,9 +62,16 @@ CudaDevice::~CudaDevice() {
   }
 }
 
-void CudaDevice::make_current() const { K3_CUDA_CHECK(cudaSetDevice(index_)); }
+void CudaDevice::make_current() const {
+  // Each host thread has its own current device (the engine computes on a thread of its own).
+  thread_local int current = -1;
+  if (current == index_) return;
+  K3_CUDA_CHECK(cudaSetDevice(index_));
+  current = index_;
+}
 
 void* CudaDevice::alloc(size_t bytes) {
+  make_current();
   if (bytes == 0) bytes = 1;
   void* p = nullptr;
   const cudaError_t e = cudaMallocAsync(&p, bytes, stream_);
@@ -83,6 +90,7 @@ void CudaDevice::release(void* p) noexcept {
 }
 
 void CudaDevice::to_device(void* dst, const void* src, size_t bytes) {
+  make_current();
   if (!bytes) return;
   K3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
   // The source is pageable host memory the caller may reuse at once.
@@ -90,22 +98,28 @@ void CudaDevice::to_device(void* dst, const void* src, size_t bytes) {
 }
 
 void CudaDevice::to_host(void* dst, const void* src, size_t bytes) {
+  make_current();
   if (!bytes) return;
   K3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   K3_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaDevice::copy(void* dst, const void* src, size_t bytes) {
+  make_current();
   if (!bytes) return;
   K3_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
 }
 
 void CudaDevice::zero(void* dst, size_t bytes) {
+  make_current();
   if (!bytes) return;
   K3_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
 }
 
-void CudaDevice::synchronize() { K3_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+void CudaDevice::synchronize() {
+  make_current();
+  K3_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
 
 int64_t CudaDevice::free_bytes() const {
   size_t free = 0, total = 0;

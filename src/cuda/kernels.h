@@ -73,9 +73,11 @@ void launch_moe_experts(cudaStream_t st, float* u, const float* z, const int32_t
                         int64_t F, int64_t E, int64_t k, float b1, float b2, void* ws);
 
 // ---- attention (kernels/attention.cu) ----
-// kernels/attention.h attention_forward (strides as resolved() gives them); lse [Tq, H] or null.
+// kernels/attention.h attention_forward (strides as resolved() gives them); lse [Tq, H] or null;
+// ws: attention_workspace_bytes(dims) of device memory (the key splits' partial results).
+size_t attention_workspace_bytes(const AttentionDims& dims);
 void launch_attention(cudaStream_t st, float* o, const float* q, const float* k, const float* kr, const float* v,
-                      const AttentionDims& dims, float* lse);
+                      const AttentionDims& dims, float* lse, void* ws);
 
 // ---- KDA (kernels/kda_step.cu, kernels/kda_chunk.cu) ----
 // kernels/kda.h kda_recurrent_forward token by token (the decode step), one sequence:

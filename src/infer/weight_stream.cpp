@@ -409,6 +409,9 @@ InferenceModel load_budgeted_model(const ModelDir& md, const LoadOptions& opt, c
 InferenceModel load_inference_model(const ModelDir& md, const LoadOptions& opt, const StreamOptions& so,
                                     double disk_bytes_per_s) {
   if (opt.ram_budget_bytes == 0) return InferenceModel{load_model(md, opt), nullptr, {}, 0, "", nullptr, nullptr};
+  if (opt.backend && opt.backend->device())
+    fail("--ram-budget streams weights from disk, which only the CPU backend does; on " +
+         opt.backend->device()->name() + " the whole model must fit in device memory (omit --ram-budget)");
   InferenceModel im = load_budgeted_model(md, opt, so, disk_bytes_per_s);
 #ifdef __GLIBC__
   // The checkpoint's index (the header's JSON tree, the tensor table) is freed by now: give

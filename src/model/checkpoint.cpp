@@ -254,7 +254,9 @@ ModelDir open_model_dir(const std::string& dir) {
 K3Model load_model(const ModelDir& md, const LoadOptions& opt) {
   const CheckpointReader ck = CheckpointReader::open(md.dir);
   if (ck.size() == 0) fail_input(md.dir, "", "no safetensors files in the model directory");
-  return K3Model(load_weights(ck, md.config, opt));
+  K3Model m(load_weights(ck, md.config, opt));
+  if (opt.backend) m.to_backend(opt.backend);
+  return m;
 }
 
 K3Model load_model(const std::string& dir, const LoadOptions& opt) { return load_model(open_model_dir(dir), opt); }

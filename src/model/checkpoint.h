@@ -29,12 +29,17 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
+#include "kernels/ops.h"
 #include "model/k3_model.h"
 #include "model/weights.h"
 
 namespace k3 {
 
 struct LoadOptions {
+  // The backend the loaded model runs on (kernels/ops.h; null: the CPU): a device backend gets
+  // a copy of every weight (K3Model::to_backend; a k3::Error when they do not fit its memory,
+  // or when the weights stream from disk, which only the CPU does).
+  std::shared_ptr<const Ops> backend;
   // MXFP4 routed experts become f32 (training, or a check against a plain reference). By
   // default they stay MXFP4 when every routed expert is stored so; a checkpoint with any plain
   // expert loads all experts as f32.

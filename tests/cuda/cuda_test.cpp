@@ -4,6 +4,8 @@
 
 #include <memory>
 
+#include "common/cli_run.h"
+#include "common/fixture.h"
 #include "core/error.h"
 
 namespace k3::test {
@@ -53,4 +55,24 @@ TEST(CudaDevice, CopiesRoundTripAndOutOfMemoryNamesTheSizes) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("out of device memory"), std::string::npos) << e.what();
   }
+}
+
+// The k3cpp binary loads the backend from libk3cuda.so beside it: --version names the CUDA
+// runtime (or why there is no GPU), and --device cuda is one clear error without a GPU or runs
+// with one.
+TEST(CudaPlugin, VersionAndDeviceOptionThroughTheBinary) {
+  const test::RunResult v = test::k3cpp("--version");
+  ASSERT_EQ(v.rc, 0) << v.err;
+  EXPECT_NE(v.out.find("CUDA runtime"), std::string::npos) << v.out;
+  const test::RunResult g = test::k3cpp("generate " + test::q(test::kReleaseTiny) + " --ids 1,2,3 --max-tokens 3 --device cuda");
+  if (!cuda::cuda_available()) {
+    EXPECT_EQ(g.rc, 1);
+    EXPECT_NE(g.err.find("--device cuda: no usable CUDA driver or GPU"), std::string::npos) << g.err;
+    const test::RunResult bad = test::k3cpp("generate " + test::q(test::kReleaseTiny) + " --ids 1 --device tpu");
+    EXPECT_EQ(bad.rc, 1);
+    EXPECT_NE(bad.err.find("expected cpu, cuda or cuda:N"), std::string::npos) << bad.err;
+    GTEST_SKIP() << cuda::describe_cuda();
+  }
+  EXPECT_EQ(g.rc, 0) << g.err;
+  EXPECT_NE(g.err.find("device cuda:0"), std::string::npos) << g.err;
 }
