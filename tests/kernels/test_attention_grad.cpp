@@ -9,7 +9,7 @@
 
 #include "core/threads.h"
 #include "kernels/attention.h"
-#include "kernels/test_grad_check.h"
+#include "common/grad_check.h"
 
 using namespace k3;
 using test::check_fd;

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "kernels/attn_res.h"
-#include "kernels/test_grad_check.h"
+#include "common/grad_check.h"
 
 using namespace k3;
 using test::check_fd;

@@ -11,7 +11,7 @@
 #include "core/threads.h"
 #include "kernels/moe.h"
 #include "kernels/router.h"
-#include "kernels/test_grad_check.h"
+#include "common/grad_check.h"
 
 using namespace k3;
 using test::check_fd;

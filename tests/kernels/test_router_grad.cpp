@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kernels/router.h"
-#include "kernels/test_grad_check.h"
+#include "common/grad_check.h"
 
 using namespace k3;
 using test::check_fd;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "kernels/segment_attention.h"
-#include "kernels/test_grad_check.h"
+#include "common/grad_check.h"
 #include "kernels/vision_ops.h"
 
 using namespace k3;

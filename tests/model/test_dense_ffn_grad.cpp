@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "kernels/test_grad_check.h"
+#include "common/grad_check.h"
 #include "model/dense_ffn.h"
 
 using namespace k3;

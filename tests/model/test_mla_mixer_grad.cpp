@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "kernels/test_grad_check.h"
+#include "common/grad_check.h"
 #include "model/mla_mixer.h"
 
 using namespace k3;

@@ -13,7 +13,7 @@
 
 #include "common/fixture.h"
 #include "kernels/router.h"
-#include "kernels/test_grad_check.h"
+#include "common/grad_check.h"
 #include "model/moe_block.h"
 
 using namespace k3;

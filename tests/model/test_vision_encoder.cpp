@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "io/config.h"
 #include "io/safetensors.h"
-#include "kernels/test_grad_check.h"
+#include "common/grad_check.h"
 #include "model/vision_config.h"
 #include "model/vision_encoder.h"
 

@@ -18,7 +18,7 @@
 
 #include "io/config.h"
 #include "io/safetensors.h"
-#include "kernels/test_grad_check.h"
+#include "common/grad_check.h"
 #include "model/vision_encoder.h"
 
 using namespace k3;

@@ -12,7 +12,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "io/config.h"
-#include "kernels/test_grad_check.h"
+#include "common/grad_check.h"
 #include "model/init.h"
 #include "train/vision_step.h"
 
