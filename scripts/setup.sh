@@ -20,6 +20,7 @@ PKGS=(
   libpng-dev                  # PNG images for the vision encoder (src/io/image.*, --image)
   dataset-fashion-mnist       # vision training data: Fashion-MNIST idx files (docs/vision.md)
   unifont                     # unifont.hex bitmap glyphs: rendered digits, letters and arithmetic
+  patchelf                    # the relocatable GPU bundle (scripts/gpu_bundle.sh): $ORIGIN runpaths
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -122,25 +122,26 @@ std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
 
 std::vector<double> widen(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
 
-std::string compare(const OpOutput& o) {
+Comparison compare(const OpOutput& o) {
   std::ostringstream os;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
   if (o.got.size() != o.want.size()) {
     os << o.name << ": " << o.got.size() << " values, the reference has " << o.want.size();
-    return os.str();
+    return {os.str(), nan};
   }
   double num = 0, den = 0;
   for (size_t i = 0; i < o.got.size(); ++i) {
     if (std::isnan(o.want[i])) {  // a NaN the reference propagates (a NaN input): the same here
       if (!std::isnan(o.got[i])) {
         os << o.name << "[" << i << "] = " << o.got[i] << ", the reference propagates a NaN there";
-        return os.str();
+        return {os.str(), nan};
       }
       continue;
     }
     if (std::isfinite(o.want[i]) && !std::isfinite(o.got[i])) {
       os << o.name << "[" << i << "] = " << o.got[i] << " (reference " << o.want[i]
          << "): not finite (an element never written reads as the poison NaN)";
-      return os.str();
+      return {os.str(), nan};
     }
     const double e = o.got[i] - o.want[i];
     num += e * e;
@@ -149,9 +150,9 @@ std::string compare(const OpOutput& o) {
   const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   if (!(rel <= o.tol)) {
     os << o.name << ": relative RMS error " << rel << " > tolerance " << o.tol;
-    return os.str();
+    return {os.str(), rel};
   }
-  return "";
+  return {"", rel};
 }
 
 const std::vector<OpCase>& op_cases() {

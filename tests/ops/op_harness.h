@@ -96,7 +96,12 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& v);      // round to nea
 std::vector<float> from_bf16(const std::vector<uint16_t>& v);
 std::vector<double> widen(const std::vector<float>& v);
 
-// The comparison of one output: "" when it passes, else what failed (non-finite first).
-std::string compare(const OpOutput& o);
+// The comparison of one output: `failure` empty when it passes, else what failed (non-finite
+// first); `rel` the relative RMS error (NaN when the output is not comparable).
+struct Comparison {
+  std::string failure;
+  double rel = 0;
+};
+Comparison compare(const OpOutput& o);
 
 }  // namespace k3::test

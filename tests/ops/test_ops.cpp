@@ -7,6 +7,7 @@
 // K3_OPS_SEED changes the inputs' seed (default: fixed per case); a failure names its seed.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <ostream>
@@ -34,6 +35,12 @@ uint64_t base_seed() {
   return e && *e ? std::strtoull(e, nullptr, 10) : 20261204;
 }
 
+std::string sci(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g", v);
+  return b;
+}
+
 struct Param {
   size_t case_index, backend_index;
 };
@@ -58,9 +65,14 @@ TEST_P(OpHarness, MatchesReference) {
   p.run();
   if (be.ops->device()) be.ops->device()->synchronize();
   for (const OpOutput& o : p.outputs()) {
-    const std::string why = compare(o);
-    EXPECT_TRUE(why.empty()) << c.op << " " << c.name << " on " << be.name << " (seed " << seed << "): " << why;
+    const Comparison r = compare(o);
+    // The error of every output, in the test report (scripts/gpu_check.sh prints them).
+    RecordProperty("err_" + o.name, sci(r.rel));
+    RecordProperty("tol_" + o.name, sci(o.tol));
+    EXPECT_TRUE(r.failure.empty()) << c.op << " " << c.name << " on " << be.name << " (seed " << seed
+                                   << "): " << r.failure;
   }
+  RecordProperty("case", c.op + " " + c.name);
 }
 
 std::vector<Param> all_params() {
