@@ -246,11 +246,8 @@ HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& h
   r.seq_len = T, r.windows = n;
   const int64_t per_batch = std::clamp<int64_t>(batch_tokens / T, 1, n);
   r.batch_tokens = per_batch * T;
-  double total = 0;
-  for (int64_t w = 0; w < n; ++w) total += nats[size_t(w)], r.bytes += bytes[size_t(w)];
-  r.targets = n * T;
-  r.loss = total / double(r.targets);
-  r.bpb = r.bytes > 0 ? total / std::log(2.0) / double(r.bytes) : 0;
+  const HeldoutTotals h = heldout_totals(nats, bytes, T);
+  r.targets = h.targets, r.bytes = h.bytes, r.loss = h.loss, r.bpb = h.bpb;
 
   for (int64_t l = 0; l < n_moe; ++l) {
     r.layers.push_back(layer_stats(wloads, wslots, n, n_moe, l, E, k, T, per_batch));

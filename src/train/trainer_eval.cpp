@@ -62,11 +62,8 @@ EvalResult Trainer::Impl::evaluate(int64_t T, int64_t max_tokens) {
     dp->allreduce_sum_i64(loads[0].data(), int64_t(loads[0].size()), "eval.loads");
   }
   EvalResult r;
-  double total = 0;
-  for (int64_t w = 0; w < n; ++w) total += nats[size_t(w)], r.bytes += bytes[size_t(w)];
-  r.targets = n * T;
-  r.loss = total / double(r.targets);
-  r.bpb = r.bytes > 0 ? total / std::log(2.0) / double(r.bytes) : 0;
+  const HeldoutTotals h = heldout_totals(nats, bytes, T);
+  r.targets = h.targets, r.bytes = h.bytes, r.loss = h.loss, r.bpb = h.bpb;
   for (int64_t l = 0; l < n_moe; ++l) {
     std::vector<int64_t> sum(size_t(E), 0);
     for (int t = 0; t < P; ++t)
