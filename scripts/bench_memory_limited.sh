@@ -18,7 +18,13 @@
 #   (`k3cpp tokenizer train --vocab-size 16384` on TOKENIZER_CORPUS, default the KJV from
 #   Debian's `bible`; the slice's vocabulary is 16384 ids);
 #   LOOKUP_IDS=1,2,3: with SPECULATE, drafts also looked up in these token ids (--lookup-ids);
-#   K3CPP=PATH runs that k3cpp binary instead of building $BUILD/k3cpp (the slice must exist)
+#   K3CPP=PATH runs that k3cpp binary instead of building $BUILD/k3cpp (the slice must exist);
+#   SLICE_CONFIG=FILE writes the slice from FILE instead (default configs/k3-slice.json). The
+#   small form, configs/k3-slice-small.json (d 2048, 128 experts top-8 of 2.5 MB, ~1.1 GB on
+#   disk, written in seconds), takes budgets in fractions of a GB; there DISK_GBPS=X skips the
+#   dd measurement (the shards are smaller than its 4 x 2 GiB), e.g.
+#     SLICE_CONFIG=configs/k3-slice-small.json DISK_GBPS=1 POLICIES=s3fifo DECODE=16 PROMPT=128 \
+#       scripts/bench_memory_limited.sh /tmp/k3-slice-small 0.5 1.6
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SLICE=${1:-/work/k3-slice}
@@ -39,7 +45,7 @@ else
 fi
 if [ ! -f "$SLICE/config.json" ]; then
   echo "== writing the slice to $SLICE"
-  /usr/bin/time -f "slice written in %e s" "$BUILD/k3_make_slice" configs/k3-slice.json "$SLICE" --seed 1
+  /usr/bin/time -f "slice written in %e s" "$BUILD/k3_make_slice" "${SLICE_CONFIG:-configs/k3-slice.json}" "$SLICE" --seed 1
 fi
 du -sh "$SLICE"
 echo "== machine"
@@ -48,16 +54,19 @@ free -g | head -2
 # On a virtual disk the host may cache what was read or written recently (O_DIRECT bypasses
 # only the guest's page cache): read a large range once, in 2 GiB pieces, and take the
 # slowest piece's rate (the closest to the device) for the plan.
-echo "== disk: sequential O_DIRECT read (dd, 8 MiB blocks, 4 x 2 GiB of a MoE shard)"
-SHARD="$SLICE/model-00003-of-000004.safetensors"
-DISK=9999
-for skip in 0 256 512 768; do
-  line=$(dd if="$SHARD" of=/dev/null bs=8M count=256 skip=$skip iflag=direct 2>&1 | tail -1)
-  echo "$line"
-  r=$(echo "$line" | python3 -c "import sys,re; l=sys.stdin.read(); m=re.search(r'(\d+) bytes.*?, ([\d.]+) s,', l); print(f'{int(m.group(1))/float(m.group(2))/1e9:.3f}')")
-  DISK=$(python3 -c "print(min($DISK, $r))")
-done
-DISK=${DISK_GBPS:-$DISK}
+if [ -n "${DISK_GBPS:-}" ]; then
+  DISK=$DISK_GBPS
+else
+  echo "== disk: sequential O_DIRECT read (dd, 8 MiB blocks, 4 x 2 GiB of a MoE shard)"
+  SHARD="$SLICE/model-00003-of-000004.safetensors"
+  DISK=9999
+  for skip in 0 256 512 768; do
+    line=$(dd if="$SHARD" of=/dev/null bs=8M count=256 skip=$skip iflag=direct 2>&1 | tail -1)
+    echo "$line"
+    r=$(echo "$line" | python3 -c "import sys,re; l=sys.stdin.read(); m=re.search(r'(\d+) bytes.*?, ([\d.]+) s,', l); print(f'{int(m.group(1))/float(m.group(2))/1e9:.3f}')")
+    DISK=$(python3 -c "print(min($DISK, $r))")
+  done
+fi
 echo "disk bandwidth used for the plan: $DISK GB/s"
 # External check: a memory cgroup (v1) nested under this script's own, with memory.limit_in_bytes
 # = the budget (hard; page cache is charged too but reclaimed first), where it can be created.
@@ -102,7 +111,7 @@ for BN in $BUDGETS; do
       echo "== budget $B GB, policy $P $RING ${SPEC:-(plain greedy)}"
       pc0=$(awk '/^Cached:/{print $2}' /proc/meminfo)
       set +e
-      cg_run "$B" /usr/bin/time -f "wall %e s, max RSS (VmHWM, incl. file pages) %M kB" \
+      cg_run "$B" /usr/bin/time -f "wall %e s, user %U s, system %S s, max RSS (VmHWM, incl. file pages) %M kB" \
         "$K3" generate "$SLICE" "${PROMPT_ARGS[@]}" --max-tokens $((DECODE + 1)) --ids-out --threads "$THREADS" \
         --ram-budget "$B" $RING $SPEC --cache-policy "$P" --disk-gbps "$DISK" > /tmp/k3_mlb_out.txt 2> /tmp/k3_mlb_err.txt
       rc=$?

@@ -28,8 +28,9 @@ int64_t resident_bytes(const void* p, size_t bytes);
 // system (madvise MADV_DONTNEED; they read as zeros afterwards); returns the bytes released.
 int64_t release_pages(void* p, size_t bytes);
 
-// A growable aligned float buffer for activations/parameters (no per-element init cost
-// beyond what the caller asks for).
+// An n-dimensional array of one dtype: a shape fixed when it is made, over memory it owns
+// (allocated once, 64-byte aligned, uninitialised unless asked) or views. It never grows or
+// reallocates; a larger one is a new Tensor.
 class Tensor {
  public:
   Tensor() = default;

@@ -8,20 +8,20 @@
 namespace k3::dist {
 
 bool CommExpertExchange::owns(int64_t e, int64_t E) const {
-  const int64_t R = comm_.size();
-  K3_ASSERT(E % R == 0, "expert parallelism: the expert count must be a multiple of the ranks");
-  return e / (E / R) == comm_.rank();
+  const int64_t n_ranks = comm_.size();
+  K3_ASSERT(E % n_ranks == 0, "expert parallelism: the expert count must be a multiple of the ranks");
+  return e / (E / n_ranks) == comm_.rank();
 }
 
 // Rows travel in dispatch order (expert, then token): rank r's are positions
-// [offset[r E/R], offset[(r+1) E/R]) of the dispatch, one contiguous block per rank.
+// [offset[r E/n_ranks], offset[(r+1) E/n_ranks]) of the dispatch, one contiguous block per rank.
 void CommExpertExchange::exchange(float* slots, const MoEDispatch& dp, int64_t Tn, int64_t k, int64_t E,
                                   int64_t n_in) {
-  const int R = comm_.size(), me = comm_.rank();
-  const int64_t per = E / R;
-  counts_.assign(size_t(R), 0);
-  displs_.assign(size_t(R), 0);
-  for (int r = 0; r < R; ++r) {
+  const int n_ranks = comm_.size(), me = comm_.rank();
+  const int64_t per = E / n_ranks;
+  counts_.assign(size_t(n_ranks), 0);
+  displs_.assign(size_t(n_ranks), 0);
+  for (int r = 0; r < n_ranks; ++r) {
     const int64_t p0 = dp.offset[size_t(r * per)], p1 = dp.offset[size_t((r + 1) * per)];
     counts_[size_t(r)] = (p1 - p0) * n_in * int64_t(sizeof(float));
     displs_[size_t(r)] = p0 * n_in * int64_t(sizeof(float));

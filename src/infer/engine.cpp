@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/threads.h"
 #include "infer/prefix_cache.h"
+#include "kernels/log_sum_exp.h"
 
 namespace k3 {
 
@@ -269,11 +270,7 @@ struct Engine::Impl {
     ev.id = id;
     if (s.req.top_logprobs >= 0) {
       // Log-probabilities of the model's distribution (unmasked, temperature 1), as OpenAI reports.
-      double mx = -std::numeric_limits<double>::infinity();
-      for (int64_t i = 0; i < V; ++i) mx = std::max(mx, double(logits[i]));
-      double z = 0;
-      for (int64_t i = 0; i < V; ++i) z += std::exp(double(logits[i]) - mx);
-      const double lz = mx + std::log(z);
+      const double lz = log_sum_exp(logits, V);
       ev.logprob = float(double(logits[id]) - lz);
       if (s.req.top_logprobs > 0) {
         std::vector<int32_t>& idx = top_idx;  // reused: no allocation per token

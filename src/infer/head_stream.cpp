@@ -10,7 +10,6 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "infer/direct_io.h"
-#include "infer/slot_wait.h"
 #include "model/k3_model.h"
 #include "model/param_specs.h"
 
@@ -102,101 +101,64 @@ HeadStreamer::HeadStreamer(const CheckpointReader& ck, const K3Config& cfg, cons
   K3_ASSERT(opt.buffers >= 1, "head stream: needs at least one lm_head buffer");
   block_rows_ = std::min<int64_t>(opt.block_rows > 0 ? opt.block_rows : lm_head_block_rows(cfg), V_);
   in_place_ = opt.dense_as_stored && t_.head.dtype == DType::BF16;
-  blocks_ = plan_blocks(t_.head, d_, block_rows_, &buf_bytes_, in_place_);
+  uint64_t buf_bytes = 0;
+  blocks_ = plan_blocks(t_.head, d_, block_rows_, &buf_bytes, in_place_);
   const int64_t nbuf = std::min<int64_t>(opt.buffers, int64_t(blocks_.size()));  // more than blocks: never used
-  files_ = {t_.embed.file, t_.head.file};
-  open_for_reads(files_, opt.direct, opt.require_direct, !opt.direct, &fds_, &direct_, &io_mode_);
-  embed_buf_bytes_ = align_up(uint64_t(d_) * elem_bytes(t_.embed.dtype), kAlign) + kAlign;
-  arena_ = map_owned_arena(uint64_t(nbuf) * buf_bytes_ + embed_buf_bytes_, "the lm_head block buffers",
-                           &arena_bytes_);
+  ring_.open_files({t_.embed.file, t_.head.file}, opt.direct, opt.require_direct, !opt.direct);
+  const uint64_t embed_buf_bytes = align_up(uint64_t(d_) * elem_bytes(t_.embed.dtype), kAlign) + kAlign;
+  ring_.map_arena(nbuf, buf_bytes, embed_buf_bytes, "the lm_head block buffers");
   bufs_.resize(size_t(nbuf));
-  io_ = std::thread([this] { io_loop(); });
-  std::lock_guard<std::mutex> lk(mu_);
+  ring_.start([this](int64_t buf) { read_block(buf); },
+              [this](int64_t buf, const std::string& error) { block_read_locked(buf, error); });
+  auto lk = ring_.lock();
   read_ahead_locked(0, nbuf);  // the first call's first blocks, read while the rest loads
 }
 
-HeadStreamer::~HeadStreamer() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
-  }
-  cv_io_.notify_all();
-  if (io_.joinable()) io_.join();
-  for (int fd : fds_) ::close(fd);
-  unmap_owned_arena(arena_, arena_bytes_);
-}
+HeadStreamer::~HeadStreamer() = default;
 
 void HeadStreamer::embed_rows(float* dst, const int32_t* ids, int64_t T) {
   std::lock_guard<std::mutex> call(embed_mu_);
-  uint8_t* buf = arena_ + uint64_t(bufs_.size()) * buf_bytes_;
+  uint8_t* buf = ring_.tail();
   const uint64_t rb = uint64_t(d_) * elem_bytes(t_.embed.dtype);
   for (int64_t t = 0; t < T; ++t) {
     const int64_t id = ids[t];
     K3_ASSERT(id >= 0 && id < V_, "head stream: token id outside the vocabulary");
     const uint64_t s = t_.embed.offset + uint64_t(id) * rb, start = align_down(s, kAlign);
     const uint64_t len = align_up(s + rb, kAlign) - start;
-    auto account = [&](double seconds, ssize_t n) {
-      std::lock_guard<std::mutex> lk(mu_);
-      st_.io_seconds += seconds;
-      ++st_.reads;
-      if (n > 0) st_.embed_device_bytes += uint64_t(n);
-    };
     auto what = [&](uint64_t got) {
       return "the embedding row of token " + std::to_string(id) + " (" + t_.embed.name + ", " + std::to_string(rb) +
              " bytes at offset " + std::to_string(s) + ") from " + t_.embed.file + " at offset " +
              std::to_string(start + got);
     };
-    read_run(fds_[0], buf, start, len, s + rb - start, direct_, opt_.pread_hook, account, what);
+    ring_.read(0, buf, start, len, s + rb - start, opt_.pread_hook, what, &st_.embed_device_bytes);
     widen_rows(dst + t * d_, buf + (s - start), t_.embed.dtype, size_t(d_));
-    std::lock_guard<std::mutex> lk(mu_);
+    const auto lk = ring_.lock();
     ++st_.embed_rows;
   }
 }
 
-void HeadStreamer::read_block(int64_t buf, int64_t block) {
-  const Block& b = blocks_[size_t(block)];
-  uint8_t* base = arena_ + uint64_t(buf) * buf_bytes_;
-  auto account = [&](double seconds, ssize_t n) {
-    std::lock_guard<std::mutex> lk(mu_);
-    st_.io_seconds += seconds;
-    ++st_.reads;
-    if (n > 0) st_.device_bytes += uint64_t(n);
-  };
+// The buffer's block is set before the read is queued and stays while it is Reading, so the
+// I/O thread reads it without the lock.
+void HeadStreamer::read_block(int64_t buf) {
+  const Block& b = blocks_[size_t(bufs_[size_t(buf)].block)];
+  uint8_t* base = ring_.slot(buf);
   auto what = [&](uint64_t got) {
     return "the lm_head rows " + std::to_string(b.row0) + " to " + std::to_string(b.row0 + b.rows - 1) + " (" +
            t_.head.name + ", a read of " + std::to_string(b.need) + " bytes from offset " + std::to_string(b.start) +
            ") from " + t_.head.file + " at offset " + std::to_string(b.start + got);
   };
-  read_run(fds_[1], base, b.start, b.len, b.need, direct_, opt_.pread_hook, account, what);
+  ring_.read(1, base, b.start, b.len, b.need, opt_.pread_hook, what);
   if (!in_place_)
     widen_rows(reinterpret_cast<float*>(base + align_up(b.len, 64)), base + b.skip, t_.head.dtype,
                size_t(b.rows) * size_t(d_));
 }
 
-void HeadStreamer::io_loop() {
-  std::unique_lock<std::mutex> lk(mu_);
-  for (;;) {
-    cv_io_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-    if (stop_) return;
-    const int64_t buf = queue_.front();
-    queue_.pop_front();
-    const int64_t block = bufs_[size_t(buf)].block;
-    lk.unlock();
-    std::string err;
-    try {
-      read_block(buf, block);
-    } catch (const std::exception& e) {
-      err = e.what();
-    }
-    lk.lock();
-    Buf& s = bufs_[size_t(buf)];
-    --reading_;
-    ++st_.block_reads;
-    s.state = Buf::Ready;  // with an error: acquire reports it and empties the buffer
-    s.error = err;
-    if (err.empty()) st_.payload_bytes += blocks_[size_t(block)].need - blocks_[size_t(block)].skip;
-    cv_done_.notify_all();
-  }
+void HeadStreamer::block_read_locked(int64_t buf, const std::string& error) {
+  Buf& s = bufs_[size_t(buf)];
+  ++st_.block_reads;
+  s.state = Buf::Ready;  // with an error: acquire reports it and empties the buffer
+  s.error = error;
+  if (error.empty()) st_.payload_bytes += blocks_[size_t(s.block)].need - blocks_[size_t(s.block)].skip;
 }
 
 int64_t HeadStreamer::find_locked(int64_t block) const {
@@ -225,7 +187,7 @@ bool HeadStreamer::start_read_locked(int64_t block, bool ahead, int64_t from, in
   s.error.clear();
   s.ahead = ahead;
   s.last_use = ++tick_;
-  queue_slot_read_locked(best, queue_, reading_, cv_io_);
+  ring_.queue_locked(best);
   return true;
 }
 
@@ -240,61 +202,60 @@ void HeadStreamer::read_ahead_locked(int64_t from, int64_t n) {
 }
 
 void HeadStreamer::begin_head() {
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_call_.wait(lk, [&] { return !in_call_; });
-  in_call_ = true;
+  auto lk = ring_.lock();
+  ring_.enter_call_locked(lk);
 }
 
 void HeadStreamer::end_head() {
-  std::lock_guard<std::mutex> lk(mu_);
+  auto lk = ring_.lock();
   for (Buf& s : bufs_) s.pins = 0;  // a product that threw may still hold its block
   read_ahead_locked(0, int64_t(bufs_.size()));  // the next call's first blocks
-  in_call_ = false;
-  cv_call_.notify_all();
+  ring_.leave_call_locked();
 }
 
 Mat HeadStreamer::acquire_block(int64_t b) {
-  std::unique_lock<std::mutex> lk(mu_);
+  auto lk = ring_.lock();
   K3_ASSERT(b >= 0 && b < int64_t(blocks_.size()), "head stream: no such lm_head block");
   ++st_.block_acquires;
   int64_t i;
   while ((i = find_locked(b)) < 0) {
     if (start_read_locked(b, false, b, 1)) continue;
-    cv_done_.wait(lk);  // every buffer is being read: wait for one
+    ring_.wait_next_done_locked(lk);  // every buffer is being read: wait for one
   }
   Buf& s = bufs_[size_t(i)];
-  if (await_slot_locked(lk, s, i, queue_, reading_, cv_io_, cv_done_, &st_.wait_seconds)) ++st_.block_hits;
+  if (ring_.await_slot_locked(lk, s, i)) ++st_.block_hits;
   ++s.pins;
   s.last_use = ++tick_;
   // The next blocks (or the next call's first) while this one computes, in the other buffers.
   read_ahead_locked(b + 1, int64_t(bufs_.size()) - 1);
-  const uint8_t* base = arena_ + uint64_t(i) * buf_bytes_;
+  const uint8_t* base = ring_.slot(i);
   const Block& blk = blocks_[size_t(b)];
   if (in_place_) return Mat::from_bf16(reinterpret_cast<const uint16_t*>(base + blk.skip));
   return Mat(reinterpret_cast<const float*>(base + align_up(blk.len, 64)));
 }
 
 void HeadStreamer::release_block(int64_t b) {
-  std::lock_guard<std::mutex> lk(mu_);
+  auto lk = ring_.lock();
   const int64_t i = find_locked(b);
   K3_ASSERT(i >= 0 && bufs_[size_t(i)].pins > 0, "head stream: release of a block not acquired");
   --bufs_[size_t(i)].pins;
   read_ahead_locked(b + 1, int64_t(bufs_.size()));  // its buffer is free for the block after
 }
 
-void HeadStreamer::wait_idle() {
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_done_.wait(lk, [&] { return reading_ == 0; });
-}
+void HeadStreamer::wait_idle() { ring_.wait_idle(); }
 
 HeadStats HeadStreamer::stats() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return st_;
+  const auto lk = ring_.lock();
+  HeadStats out = st_;
+  const RingReadStats& r = ring_.stats_locked();
+  out.reads = r.reads, out.device_bytes = r.device_bytes, out.io_seconds = r.io_seconds, out.wait_seconds = r.wait_seconds;
+  return out;
 }
 
 void HeadStreamer::reset_stats() {
-  std::lock_guard<std::mutex> lk(mu_);
+  const auto lk = ring_.lock();
   st_ = HeadStats{};
+  ring_.stats_locked() = RingReadStats{};
 }
 
 std::string head_stats_line(const HeadStreamer& h) {

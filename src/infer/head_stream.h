@@ -1,31 +1,30 @@
 // The embedding and the lm_head streamed from the checkpoint (memory-limited inference when
-// they do not fit the budget beside the trunk: 4.70 GB of the full K3's bf16 weights,
-// docs/model.md section 9; the public C engine streams them too). The model's HeadProvider
+// they do not fit the budget beside the trunk: 4.70 GB of the full K3's bf16 weights;
+// docs/model.md section 9). The model's HeadProvider
 // (model/head_provider.h):
 //  - embedding rows on demand: one pread per token (the row's 4096-byte aligned window with
 //    O_DIRECT, into a small owned buffer), widened to f32 exactly as the loader and mat_row do;
 //  - the lm_head in blocks of K3Model::head_block_rows() rows (about 32 MB in bf16), each one
 //    contiguous range of the file read into one of `buffers` owned buffers (2: the next block
-//    read by its own I/O thread while the current one computes; blocks 0 and 1 of the next
-//    call read ahead when a call ends), bf16 used in place or widened to f32 as the loader
-//    would hold it; a lm_head of no more blocks than buffers is read once;
-//  - reads: pread with O_DIRECT where the file system allows it (widened to 4096-byte
-//    boundaries), else buffered pread + fadvise(DONTNEED) (infer/direct_io.h read_run).
+//    read by the I/O thread while the current one computes; blocks 0 and 1 of the next call
+//    read ahead when a call ends), bf16 used in place or widened to f32 as the loader would
+//    hold it; a lm_head of no more blocks than buffers is read once;
+//  - files, buffers, I/O thread and read statistics are its own reading ring's
+//    (infer/reading_ring.h): pread with O_DIRECT where the file system allows it (widened to
+//    4096-byte boundaries), else buffered pread + fadvise(DONTNEED).
 // A read that fails or comes back short is a k3::Error naming the file, the offset and the
 // tensor (the rows of the block, or the token's row); the buffer is emptied and the next call
 // reads again; a read ahead that failed is read once more by the acquire that needs it.
 #pragma once
 #include <sys/types.h>
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "infer/direct_io.h"
+#include "infer/reading_ring.h"
 #include "io/safetensors.h"
 #include "model/head_provider.h"
 #include "model/planner.h"
@@ -73,10 +72,10 @@ class HeadStreamer : public HeadProvider {
   void wait_idle();  // no block read queued or in progress (tests, before reading statistics)
   int64_t blocks() const { return int64_t(blocks_.size()); }
   int64_t buffers() const { return int64_t(bufs_.size()); }
-  uint64_t buffer_bytes() const { return buf_bytes_; }
-  uint64_t arena_bytes() const { return arena_bytes_; }
+  uint64_t buffer_bytes() const { return ring_.slot_bytes(); }
+  uint64_t arena_bytes() const { return ring_.arena_bytes(); }
   uint64_t block_device_bytes(int64_t b) const { return blocks_.at(size_t(b)).len; }
-  const std::string& io_mode() const { return io_mode_; }
+  const std::string& io_mode() const { return ring_.io_mode(); }
 
   // The sizes for a checkpoint without building a streamer (the budget check before loading).
   static HeadStreamPlan measure(const CheckpointReader& ck, const K3Config& cfg, const HeadStreamOptions& opt);
@@ -100,8 +99,8 @@ class HeadStreamer : public HeadProvider {
   static Tensors find_tensors(const CheckpointReader& ck, const K3Config& cfg);
   static std::vector<Block> plan_blocks(const TensorInfo& head, int64_t d, int64_t block_rows, uint64_t* buf_bytes,
                                         bool in_place);
-  void io_loop();
-  void read_block(int64_t buf, int64_t block);  // throws k3::Error
+  void read_block(int64_t buf);  // the I/O thread; throws k3::Error
+  void block_read_locked(int64_t buf, const std::string& error);  // the I/O thread, after read_block
   int64_t find_locked(int64_t block) const;
   bool start_read_locked(int64_t block, bool ahead, int64_t from, int64_t n);
   void read_ahead_locked(int64_t from, int64_t n);  // blocks from, ..., from + n - 1 (cyclic) into free buffers
@@ -112,23 +111,13 @@ class HeadStreamer : public HeadProvider {
   int64_t d_ = 0, V_ = 0, block_rows_ = 0;
   bool in_place_ = false;  // lm_head bf16 used as read
   std::vector<Block> blocks_;
-  std::vector<std::string> files_;  // [0] the embedding's file, [1] the lm_head's
-  std::vector<int> fds_;
-  bool direct_ = false;
-  std::string io_mode_;
-  uint64_t buf_bytes_ = 0, embed_buf_bytes_ = 0, arena_bytes_ = 0;
-  uint8_t* arena_ = nullptr;
+  std::mutex embed_mu_;  // one embed_rows call at a time (it reads into the ring's tail)
 
-  mutable std::mutex mu_;
-  std::mutex embed_mu_;
-  std::condition_variable cv_io_, cv_done_, cv_call_;
-  bool stop_ = false, in_call_ = false;
+  // Under ring_'s lock:
   std::vector<Buf> bufs_;
-  std::deque<int64_t> queue_;  // buffers to read
-  int64_t reading_ = 0;
   uint64_t tick_ = 0;
-  HeadStats st_;
-  std::thread io_;
+  HeadStats st_;     // the ring's own counts (reads, bytes, times) are added by stats()
+  ReadingRing ring_;  // files [0] the embedding's, [1] the lm_head's; buffers, then the embedding row; last: stopped first
 };
 
 // "head stream: ... embedding rows ..., lm_head N blocks ..., read ... GB ..." for reports.

@@ -13,7 +13,6 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "infer/direct_io.h"
-#include "infer/slot_wait.h"
 #include "model/k3_model.h"
 
 namespace k3 {
@@ -126,7 +125,8 @@ TrunkRing::TrunkRing(const CheckpointReader& ck, const WeightStore& store, const
     : cfg_(store.config()), opt_(opt) {
   K3_ASSERT(opt.slots >= 1, "trunk ring: needs at least one slot");
   K3_ASSERT(opt.pinned >= 0 && opt.pinned < cfg_.num_hidden_layers, "trunk ring: pins every layer or fewer than none");
-  layers_ = locate(ck, cfg_, opt.dense_as_stored, &files_);
+  std::vector<std::string> files;
+  layers_ = locate(ck, cfg_, opt.dense_as_stored, &files);
   for (int64_t l = 0; l < opt.pinned; ++l) layers_[size_t(l)] = Layer{};  // held by the store, never read
   const ParamLayout& lay = store.layout();
   for (size_t i = 0; i < lay.size(); ++i) {
@@ -136,36 +136,26 @@ TrunkRing::TrunkRing(const CheckpointReader& ck, const WeightStore& store, const
     K3_ASSERT(!is_streamable_layer_matrix(s), "trunk ring: the store holds a layer matrix it should stream: " + s.name);
     layers_[size_t(s.layer)].held[s.name] = store.mat(i);
   }
-  open_for_reads(files_, opt.direct, opt.require_direct, !opt.direct, &fds_, &direct_, &io_mode_);
-  for (const Layer& L : layers_) slot_bytes_ = std::max(slot_bytes_, L.bytes);
-  slot_bytes_ = align_up(std::max<uint64_t>(slot_bytes_, 1), kAlign);
-  arena_ = map_owned_arena(uint64_t(opt.slots) * slot_bytes_, "the trunk ring arena", &arena_bytes_);
+  ring_.open_files(files, opt.direct, opt.require_direct, !opt.direct);
+  uint64_t slot_bytes = 0;
+  for (const Layer& L : layers_) slot_bytes = std::max(slot_bytes, L.bytes);
+  slot_bytes = align_up(std::max<uint64_t>(slot_bytes, 1), kAlign);
+  ring_.map_arena(opt.slots, slot_bytes, 0, "the trunk ring arena");
   slots_.resize(size_t(opt.slots));
   views_.resize(size_t(opt.slots));
-  io_ = std::thread([this] { io_loop(); });
+  ring_.start([this](int64_t slot) { read_layer(slot); },
+              [this](int64_t slot, const std::string& error) { layer_read_locked(slot, error); });
 }
 
-TrunkRing::~TrunkRing() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
-  }
-  cv_io_.notify_all();
-  if (io_.joinable()) io_.join();
-  for (int fd : fds_) ::close(fd);
-  unmap_owned_arena(arena_, arena_bytes_);
-}
+TrunkRing::~TrunkRing() = default;
 
-void TrunkRing::read_layer(int64_t slot, int64_t layer) {
+// The slot's layer is set before the read is queued and stays while it is Reading, so the I/O
+// thread reads it without the lock.
+void TrunkRing::read_layer(int64_t slot) {
+  const int64_t layer = slots_[size_t(slot)].layer;
   const Layer& L = layers_[size_t(layer)];
-  uint8_t* base = arena_ + uint64_t(slot) * slot_bytes_;
+  uint8_t* base = ring_.slot(slot);
   for (const Run& r : L.runs) {
-    auto account = [&](double seconds, ssize_t n) {
-      std::lock_guard<std::mutex> lk(mu_);
-      st_.io_seconds += seconds;
-      ++st_.reads;
-      if (n > 0) st_.device_bytes += uint64_t(n);
-    };
     auto what = [&](uint64_t got) {
       // The matrix the failing byte belongs to (or the first of the run).
       size_t q = r.first_part;
@@ -173,9 +163,9 @@ void TrunkRing::read_layer(int64_t slot, int64_t layer) {
         if (L.parts[k].offset <= r.start + got) q = k;
       return "the trunk of layer " + std::to_string(layer) + " (" + L.parts[q].name + ", a read of " +
              std::to_string(r.need) + " bytes from offset " + std::to_string(r.start) + ") from " +
-             files_[size_t(r.file)] + " at offset " + std::to_string(r.start + got);
+             ring_.file(r.file) + " at offset " + std::to_string(r.start + got);
     };
-    read_run(fds_[size_t(r.file)], base + r.slot_off, r.start, r.len, r.need, direct_, opt_.pread_hook, account, what);
+    ring_.read(r.file, base + r.slot_off, r.start, r.len, r.need, opt_.pread_hook, what);
   }
   // Matrices held in f32 by the resident model: converted as the loader does (exact widening).
   for (const Part& p : L.parts) {
@@ -191,35 +181,13 @@ void TrunkRing::read_layer(int64_t slot, int64_t layer) {
   }
 }
 
-void TrunkRing::io_loop() {
-  std::unique_lock<std::mutex> lk(mu_);
-  for (;;) {
-    cv_io_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-    if (stop_) return;
-    const int64_t slot = queue_.front();
-    queue_.pop_front();
-    const int64_t layer = slots_[size_t(slot)].layer;
-    lk.unlock();
-    std::string err;
-    try {
-      read_layer(slot, layer);
-    } catch (const std::exception& e) {
-      err = e.what();
-    }
-    lk.lock();
-    Slot& s = slots_[size_t(slot)];
-    --reading_;
-    ++st_.layer_reads;
-    if (err.empty()) {
-      s.state = Slot::Ready;
-      st_.payload_bytes += layers_[size_t(layer)].payload;
-    } else {
-      s.state = Slot::Ready;  // acquire reports the error and empties the slot
-      s.error = err;
-    }
-    s.bound = -1;
-    cv_done_.notify_all();
-  }
+void TrunkRing::layer_read_locked(int64_t slot, const std::string& error) {
+  Slot& s = slots_[size_t(slot)];
+  ++st_.layer_reads;
+  if (error.empty()) st_.payload_bytes += layers_[size_t(s.layer)].payload;
+  s.state = Slot::Ready;  // with an error: acquire reports it and empties the slot
+  s.error = error;
+  s.bound = -1;
 }
 
 int64_t TrunkRing::find_locked(int64_t layer) const {
@@ -245,47 +213,44 @@ bool TrunkRing::start_read_locked(int64_t layer, bool ahead) {
   s.error.clear();
   s.bound = -1;
   s.ahead = ahead;
-  queue_slot_read_locked(best, queue_, reading_, cv_io_);
+  ring_.queue_locked(best);
   return true;
 }
 
 void TrunkRing::begin_call() {
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_call_.wait(lk, [&] { return !in_call_; });  // another thread's forward: wait for its end
-  in_call_ = true;
-  owner_ = std::this_thread::get_id();
+  auto lk = ring_.lock();
+  ring_.enter_call_locked(lk);  // another thread's forward: wait for its end
 }
 
 void TrunkRing::end_call() {
-  std::lock_guard<std::mutex> lk(mu_);
+  auto lk = ring_.lock();
   for (Slot& s : slots_) s.pins = 0;  // a call that threw may still hold its layer
   // The next call starts at layer 0 (a normal call has asked for it already; one that threw
   // may have asked for a layer no call needs next).
   wanted_ = -1;
   if (find_locked(opt_.pinned) < 0) start_read_locked(opt_.pinned, true);
-  in_call_ = false;
-  cv_call_.notify_all();
+  ring_.leave_call_locked();
 }
 
 void TrunkRing::prefetch(int64_t layer) {
-  std::lock_guard<std::mutex> lk(mu_);
+  auto lk = ring_.lock();
   K3_ASSERT(layer >= opt_.pinned && layer < int64_t(layers_.size()), "trunk ring: no such streamed layer");
   if (find_locked(layer) >= 0) return;
   if (!start_read_locked(layer, true)) wanted_ = layer;  // started when a slot is released
 }
 
 LayerWeights& TrunkRing::acquire(int64_t layer) {
-  std::unique_lock<std::mutex> lk(mu_);
+  auto lk = ring_.lock();
   K3_ASSERT(layer >= opt_.pinned && layer < int64_t(layers_.size()), "trunk ring: no such streamed layer");
   ++st_.acquires;
   int64_t slot;
   while ((slot = find_locked(layer)) < 0) {
     if (wanted_ == layer) wanted_ = -1;
     if (start_read_locked(layer, false)) continue;
-    cv_done_.wait(lk);  // every slot is being read (a read started before an error): wait for one
+    ring_.wait_next_done_locked(lk);  // every slot is being read (a read started before an error): wait for one
   }
   Slot& s = slots_[size_t(slot)];
-  if (await_slot_locked(lk, s, slot, queue_, reading_, cv_io_, cv_done_, &st_.wait_seconds)) ++st_.hits;
+  if (ring_.await_slot_locked(lk, s, slot)) ++st_.hits;
   ++s.pins;
   s.last_use = ++tick_;
   if (s.bound != layer) bind(slot);
@@ -293,7 +258,7 @@ LayerWeights& TrunkRing::acquire(int64_t layer) {
 }
 
 void TrunkRing::release(int64_t layer) {
-  std::lock_guard<std::mutex> lk(mu_);
+  auto lk = ring_.lock();
   const int64_t slot = find_locked(layer);
   K3_ASSERT(slot >= 0 && slots_[size_t(slot)].pins > 0, "trunk ring: release of a layer not acquired");
   --slots_[size_t(slot)].pins;
@@ -303,7 +268,7 @@ void TrunkRing::release(int64_t layer) {
 void TrunkRing::bind(int64_t slot) {
   Slot& s = slots_[size_t(slot)];
   const Layer& L = layers_[size_t(s.layer)];
-  uint8_t* base = arena_ + uint64_t(slot) * slot_bytes_;
+  uint8_t* base = ring_.slot(slot);
   auto P = [&](const std::string& name) -> Mat {
     if (auto it = L.by_name.find(name); it != L.by_name.end()) {
       const Part& p = L.parts[it->second];
@@ -318,19 +283,20 @@ void TrunkRing::bind(int64_t slot) {
   s.bound = s.layer;
 }
 
-void TrunkRing::wait_idle() {
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_done_.wait(lk, [&] { return reading_ == 0; });
-}
+void TrunkRing::wait_idle() { ring_.wait_idle(); }
 
 TrunkStats TrunkRing::stats() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return st_;
+  const auto lk = ring_.lock();
+  TrunkStats out = st_;
+  const RingReadStats& r = ring_.stats_locked();
+  out.reads = r.reads, out.device_bytes = r.device_bytes, out.io_seconds = r.io_seconds, out.wait_seconds = r.wait_seconds;
+  return out;
 }
 
 void TrunkRing::reset_stats() {
-  std::lock_guard<std::mutex> lk(mu_);
+  const auto lk = ring_.lock();
   st_ = TrunkStats{};
+  ring_.stats_locked() = RingReadStats{};
 }
 
 std::string trunk_stats_line(const TrunkRing& r) {

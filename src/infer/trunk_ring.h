@@ -10,9 +10,9 @@
 //  - reads: a layer's matrices sorted by file offset, tensors closer than 64 KiB in one run,
 //    pread with O_DIRECT (runs widened to 4096-byte boundaries into 4096-aligned slot
 //    offsets) where the file system allows it, else buffered pread + fadvise(DONTNEED);
-//  - its own I/O thread (not the expert streamer's): the trunk read of layer i + 1 and the
-//    expert reads of layer i then queue on the disk together, and neither protocol waits on
-//    the other's bookkeeping;
+//  - its own reading ring (infer/reading_ring.h: files, arena, I/O thread, statistics), not
+//    the expert streamer's: the trunk read of layer i + 1 and the expert reads of layer i then
+//    queue on the disk together, and neither protocol waits on the other's bookkeeping;
 //  - a slot keeps its layer after release, so a model with L <= N layers reads its trunk
 //    once; otherwise every forward call reads every streamed layer once (the planner's trunk
 //    bytes);
@@ -25,16 +25,13 @@
 #pragma once
 #include <sys/types.h>
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "infer/reading_ring.h"
 #include "io/safetensors.h"
 #include "model/planner.h"
 #include "model/trunk_provider.h"
@@ -83,11 +80,11 @@ class TrunkRing : public TrunkProvider {
   TrunkStats stats() const;
   void reset_stats();
   int64_t slots() const { return int64_t(slots_.size()); }
-  uint64_t slot_bytes() const { return slot_bytes_; }
-  uint64_t arena_bytes() const { return arena_bytes_; }
+  uint64_t slot_bytes() const { return ring_.slot_bytes(); }
+  uint64_t arena_bytes() const { return ring_.arena_bytes(); }
   uint64_t layer_payload_bytes(int64_t layer) const { return layers_.at(size_t(layer)).payload; }
   uint64_t layer_device_bytes(int64_t layer) const { return layers_.at(size_t(layer)).device; }
-  const std::string& io_mode() const { return io_mode_; }
+  const std::string& io_mode() const { return ring_.io_mode(); }
   // Waits until no read is queued or in progress (tests, before reading the statistics).
   void wait_idle();
 
@@ -133,34 +130,23 @@ class TrunkRing : public TrunkProvider {
 
   static std::vector<Layer> locate(const CheckpointReader& ck, const K3Config& cfg, bool dense_as_stored,
                                    std::vector<std::string>* files);
-  void io_loop();
-  void read_layer(int64_t slot, int64_t layer);  // throws k3::Error
+  void read_layer(int64_t slot);  // the I/O thread; throws k3::Error
+  void layer_read_locked(int64_t slot, const std::string& error);  // the I/O thread, after read_layer
   int64_t find_locked(int64_t layer) const;
   bool start_read_locked(int64_t layer, bool ahead);  // false: no free slot
   void bind(int64_t slot);
 
   K3Config cfg_;
   TrunkRingOptions opt_;
-  std::vector<std::string> files_;
-  std::vector<int> fds_;
   std::vector<Layer> layers_;
-  uint64_t slot_bytes_ = 0, arena_bytes_ = 0;
-  bool direct_ = false;
-  std::string io_mode_;
-  uint8_t* arena_ = nullptr;
   std::vector<LayerWeights> views_;  // per slot
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_io_, cv_done_, cv_call_;
-  bool stop_ = false, in_call_ = false;
-  std::thread::id owner_;
+  // Under ring_'s lock:
   std::vector<Slot> slots_;
-  std::deque<int64_t> queue_;  // slots to read
-  int64_t reading_ = 0;        // queued or in progress
-  int64_t wanted_ = -1;        // a prefetch that found no free slot
+  int64_t wanted_ = -1;  // a prefetch that found no free slot
   uint64_t tick_ = 0;
-  TrunkStats st_;
-  std::thread io_;
+  TrunkStats st_;        // the ring's own counts (reads, bytes, times) are added by stats()
+  ReadingRing ring_;     // last: stopped first
 };
 
 // "trunk ring: N slots ..., read ... GB in ... layer reads ..., waited ... s" for reports.

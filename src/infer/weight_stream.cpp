@@ -118,38 +118,30 @@ ExpertStreamer::ExpertStreamer(const CheckpointReader& ck, const K3Config& cfg, 
   {
     std::vector<std::string> files;
     locate(ck, cfg, &files, 1, nullptr, nullptr);
-    files_ = files;
+    ring_.open_files(files, opt.io != IoMode::Buffered, opt.io == IoMode::Direct, opt.io == IoMode::Buffered);
   }
-  open_for_reads(files_, opt.io != IoMode::Buffered, opt.io == IoMode::Direct, opt.io == IoMode::Buffered, &fds_,
-                 &direct_, &io_mode_);
-  align_ = direct_ ? kDirectAlign : 1;
-  locs_ = locate(ck, cfg, nullptr, align_, &slot_bytes_, &expert_bytes_);
+  align_ = ring_.direct() ? kDirectAlign : 1;
+  uint64_t slot_bytes = 0;
+  locs_ = locate(ck, cfg, nullptr, align_, &slot_bytes, &expert_bytes_);
   moe_index_.assign(size_t(cfg.num_hidden_layers), -1);
   for (int64_t l = 0, m = 0; l < cfg.num_hidden_layers; ++l)
     if (cfg.is_moe_layer(l)) moe_index_[size_t(l)] = m++;
 
-  arena_ = map_owned_arena(uint64_t(slots_) * slot_bytes_, "the expert cache arena", &arena_bytes_);
+  ring_.map_arena(slots_, slot_bytes, 0, "the expert cache arena");
   views_.resize(size_t(slots_));
+  reading_.resize(size_t(slots_));
   index_ = ExpertCacheIndex(slots_, opt.policy, int64_t(locs_.size()));
   group_target_ = std::max(1, std::min(2 * omp_get_max_threads(), int(std::max<int64_t>(1, slots_ / 2))));
-  io_ = std::thread([this] { io_loop(); });
+  ring_.start([this](int64_t slot) { read_job(slot); },
+              [this](int64_t slot, const std::string& error) { job_read_locked(slot, error); });
 }
 
-ExpertStreamer::~ExpertStreamer() {
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
-  }
-  cv_io_.notify_all();
-  if (io_.joinable()) io_.join();
-  for (int fd : fds_) ::close(fd);
-  unmap_owned_arena(arena_, arena_bytes_);
-}
+ExpertStreamer::~ExpertStreamer() = default;
 
 void ExpertStreamer::bind_views(int64_t slot, int64_t key) {
   const Loc& loc = locs_[size_t(key)];
   SlotViews& v = views_[size_t(slot)];
-  uint8_t* base = arena_ + uint64_t(slot) * slot_bytes_;
+  uint8_t* base = ring_.slot(slot);
   const int64_t F = cfg_.moe_intermediate_size, l = cfg_.routed_expert_hidden_size;
   const int64_t rows[3] = {F, F, l}, cols[3] = {l, l, F};
   for (const Part& p : loc.parts) {
@@ -165,60 +157,39 @@ void ExpertStreamer::bind_views(int64_t slot, int64_t key) {
   for (int m = 0; m < 3; ++m) v.em[m] = ExpertMatrix{nullptr, &v.m[m], rows[m], cols[m]};
 }
 
-void ExpertStreamer::read_job(const Job& j) {
+// The slot's job is set when it is admitted and stays until the read is done (the slot is
+// pinned), so the I/O thread reads it without the lock.
+void ExpertStreamer::read_job(int64_t slot) {
+  const Job& j = reading_[size_t(slot)];
   const Loc& loc = locs_[size_t(j.key)];
-  const int fd = fds_[size_t(loc.file)];
-  uint8_t* base = arena_ + uint64_t(j.slot) * slot_bytes_;
+  uint8_t* base = ring_.slot(j.slot);
   for (const Run& r : loc.runs) {
-    auto account = [&](double seconds, ssize_t n) {
-      std::lock_guard<std::mutex> lk(mu_);
-      st_.io_seconds += seconds;
-      ++st_.reads;
-      if (n > 0) st_.device_bytes += uint64_t(n);
-    };
     auto what = [&](uint64_t got) {
       return "routed expert " + std::to_string(loc.expert) + " of layer " + std::to_string(loc.layer) + " (" +
              layer_prefix(loc.layer) + "block_sparse_moe.experts." + std::to_string(loc.expert) + "." +
              kPartSuffix[loc.parts[size_t(r.first_part)].which] + " and the rest of the read, " +
              std::to_string(r.need) + " bytes from offset " + std::to_string(r.start) + ") from " +
-             files_[size_t(loc.file)] + " at offset " + std::to_string(r.start + got);
+             ring_.file(loc.file) + " at offset " + std::to_string(r.start + got);
     };
-    read_run(fd, base + r.slot_off, r.start, r.len, r.need, direct_, opt_.pread_hook, account, what);
+    ring_.read(loc.file, base + r.slot_off, r.start, r.len, r.need, opt_.pread_hook, what);
   }
 }
 
-void ExpertStreamer::io_loop() {
-  std::unique_lock<std::mutex> lk(mu_);
-  for (;;) {
-    cv_io_.wait(lk, [&] { return stop_ || !queue_.empty(); });
-    if (stop_) return;
-    const Job j = queue_.front();
-    queue_.pop_front();
-    lk.unlock();
-    std::string err;
-    try {
-      read_job(j);
-    } catch (const std::exception& e) {
-      err = e.what();
-    }
-    lk.lock();
-    --outstanding_;
-    if (err.empty()) {
-      uint64_t payload = 0;
-      for (const Part& p : locs_[size_t(j.key)].parts) payload += p.nbytes;
-      st_.payload_bytes += payload;
-      ready_.push_back(j);
-    } else {
-      if (error_.empty()) error_ = err;
-      index_.unpin(j.slot);
-      index_.erase(j.key);  // the slot's bytes are not that expert's: never a hit
-    }
-    cv_done_.notify_all();
+void ExpertStreamer::job_read_locked(int64_t slot, const std::string& error) {
+  const Job j = reading_[size_t(slot)];
+  if (error.empty()) {
+    uint64_t payload = 0;
+    for (const Part& p : locs_[size_t(j.key)].parts) payload += p.nbytes;
+    st_.payload_bytes += payload;
+    ready_.push_back(j);
+  } else {
+    if (error_.empty()) error_ = error;
+    index_.unpin(j.slot);
+    index_.erase(j.key);  // the slot's bytes are not that expert's: never a hit
   }
 }
 
 void ExpertStreamer::admit_locked() {
-  bool any = false;
   while (!pending_.empty()) {
     Job j = pending_.front();
     const int64_t s = index_.insert(j.key);
@@ -226,41 +197,34 @@ void ExpertStreamer::admit_locked() {
     index_.pin(s);
     j.slot = s;
     pending_.pop_front();
-    queue_.push_back(j);
-    ++outstanding_;
-    any = true;
+    reading_[size_t(s)] = j;
+    ring_.queue_locked(s);
   }
-  if (any) cv_io_.notify_one();
 }
 
 void ExpertStreamer::abort_locked(std::unique_lock<std::mutex>& lk) {
   // Drop what is not read yet, wait for the read in progress, release every pin of the call.
-  for (const Job& j : queue_) {
+  for (const int64_t slot : ring_.drop_queued_locked()) {
+    const Job& j = reading_[size_t(slot)];
     index_.unpin(j.slot);
     index_.erase(j.key);
-    --outstanding_;
   }
-  queue_.clear();
   pending_.clear();
-  cv_done_.wait(lk, [&] { return outstanding_ == 0; });
+  ring_.wait_locked(lk, [&] { return ring_.outstanding_locked() == 0; });
   for (const Job& j : ready_) index_.unpin(j.slot);
   for (const Job& j : handed_) index_.unpin(j.slot);
   ready_.clear();
   handed_.clear();
-  in_call_ = false;
-  cv_call_.notify_all();
+  ring_.leave_call_locked();
 }
 
 void ExpertStreamer::prefetch(int64_t layer, const int32_t* experts, int64_t n) {
-  std::unique_lock<std::mutex> lk(mu_);
-  const std::thread::id me = std::this_thread::get_id();
-  if (in_call_ && owner_ == me) abort_locked(lk);  // this thread's earlier call was unwound by an error
-  cv_call_.wait(lk, [&] { return !in_call_; });    // another thread's call: wait for its finish
-  owner_ = me;
+  auto lk = ring_.lock();
+  if (ring_.call_is_mine_locked()) abort_locked(lk);  // this thread's earlier call was unwound by an error
+  ring_.enter_call_locked(lk);                         // another thread's call: wait for its finish
   error_.clear();
   K3_ASSERT(layer >= 0 && layer < int64_t(moe_index_.size()) && moe_index_[size_t(layer)] >= 0,
             "expert streamer: not a MoE layer");
-  in_call_ = true;
   layer_ = layer;
   ++st_.calls;
   st_.experts_requested += n;
@@ -288,18 +252,16 @@ void ExpertStreamer::prefetch(int64_t layer, const int32_t* experts, int64_t n) 
 }
 
 ExpertGroup ExpertStreamer::next() {
-  std::unique_lock<std::mutex> lk(mu_);
-  K3_ASSERT(in_call_, "expert streamer: next() outside a call");
+  auto lk = ring_.lock();
+  K3_ASSERT(ring_.in_call_locked(), "expert streamer: next() outside a call");
   for (const Job& j : handed_) index_.unpin(j.slot);
   handed_.clear();
   admit_locked();
-  if (ready_.empty() && outstanding_ == 0 && pending_.empty() && error_.empty()) return {};
-  const size_t target = size_t(std::min<int64_t>(group_target_, int64_t(ready_.size()) + outstanding_));
-  if (ready_.size() < std::max<size_t>(target, 1) && error_.empty()) {
-    const double t0 = steady_seconds();
-    cv_done_.wait(lk, [&] { return !error_.empty() || ready_.size() >= std::max<size_t>(target, 1); });
-    st_.wait_seconds += steady_seconds() - t0;
-  }
+  const int64_t outstanding = ring_.outstanding_locked();
+  if (ready_.empty() && outstanding == 0 && pending_.empty() && error_.empty()) return {};
+  const size_t target = size_t(std::min<int64_t>(group_target_, int64_t(ready_.size()) + outstanding));
+  if (ready_.size() < std::max<size_t>(target, 1) && error_.empty())
+    ring_.wait_timed_locked(lk, [&] { return !error_.empty() || ready_.size() >= std::max<size_t>(target, 1); });
   if (!error_.empty()) {
     const std::string e = error_;
     abort_locked(lk);
@@ -326,25 +288,28 @@ ExpertGroup ExpertStreamer::next() {
 }
 
 void ExpertStreamer::finish() {
-  std::unique_lock<std::mutex> lk(mu_);
-  K3_ASSERT(ready_.empty() && pending_.empty() && outstanding_ == 0, "expert streamer: finish() before every group");
+  auto lk = ring_.lock();
+  K3_ASSERT(ready_.empty() && pending_.empty() && ring_.outstanding_locked() == 0,
+            "expert streamer: finish() before every group");
   for (const Job& j : handed_) index_.unpin(j.slot);
   handed_.clear();
-  in_call_ = false;
-  cv_call_.notify_all();
+  ring_.leave_call_locked();
 }
 
 StreamStats ExpertStreamer::stats() const {
-  std::lock_guard<std::mutex> lk(mu_);
+  const auto lk = ring_.lock();
   StreamStats s = st_;
   s.evictions = index_.evictions;
+  const RingReadStats& r = ring_.stats_locked();
+  s.reads = r.reads, s.device_bytes = r.device_bytes, s.io_seconds = r.io_seconds, s.wait_seconds = r.wait_seconds;
   return s;
 }
 
 void ExpertStreamer::reset_stats() {
-  std::lock_guard<std::mutex> lk(mu_);
+  const auto lk = ring_.lock();
   st_ = StreamStats{};
   index_.evictions = 0;
+  ring_.stats_locked() = RingReadStats{};
 }
 
 std::string stream_stats_line(const ExpertStreamer& s) {

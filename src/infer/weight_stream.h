@@ -12,9 +12,10 @@
 //    4096-byte boundaries into 4096-aligned slot offsets; an expert's tensors that lie
 //    together in the file are one read), else buffered pread followed by
 //    posix_fadvise(DONTNEED) on the range; the mode is reported (io_mode());
-//  - one I/O thread reads a call's missing experts sorted by file offset while the compute
-//    thread runs the down projection, the shared experts and the experts already there; the
-//    experts go out in groups (kernels/moe.h) as they arrive, pinned until the next group;
+//  - its reading ring (infer/reading_ring.h: the files, the arena, one I/O thread and the read
+//    statistics) reads a call's missing experts sorted by file offset while the compute thread
+//    runs the down projection, the shared experts and the experts already there; the experts
+//    go out in groups (kernels/moe.h) as they arrive, pinned until the next group;
 //  - a call reads each distinct expert once for all its rows (a prefill chunk, a batched
 //    decode step), and a call needing more experts than the cache holds streams them through
 //    it in groups; results are bitwise those of the resident run (the same kernels on the same
@@ -29,18 +30,16 @@
 #pragma once
 #include <sys/types.h>
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "infer/expert_cache.h"
 #include "infer/head_stream.h"
+#include "infer/reading_ring.h"
 #include "infer/trunk_ring.h"
 #include "kernels/moe.h"
 #include "model/checkpoint.h"
@@ -103,10 +102,10 @@ class ExpertStreamer : public ExpertProvider {
   StreamStats stats() const;
   void reset_stats();
   int64_t slots() const { return slots_; }
-  uint64_t slot_bytes() const { return slot_bytes_; }
-  uint64_t arena_bytes() const { return arena_bytes_; }
+  uint64_t slot_bytes() const { return ring_.slot_bytes(); }
+  uint64_t arena_bytes() const { return ring_.arena_bytes(); }
   uint64_t expert_bytes() const { return expert_bytes_; }  // payload of one expert (the largest)
-  const std::string& io_mode() const { return io_mode_; }
+  const std::string& io_mode() const { return ring_.io_mode(); }
 
   // The slot size a checkpoint's experts need (payload + 4096-byte widening per read) and the
   // payload of one expert, without building a streamer (the budget check before loading).
@@ -140,42 +139,33 @@ class ExpertStreamer : public ExpertProvider {
 
   static std::vector<Loc> locate(const CheckpointReader& ck, const K3Config& cfg, std::vector<std::string>* files,
                                  uint64_t align, uint64_t* slot_bytes, uint64_t* expert_bytes);
-  void io_loop();
-  void read_job(const Job& j);  // throws k3::Error
+  void read_job(int64_t slot);  // the I/O thread; throws k3::Error
+  void job_read_locked(int64_t slot, const std::string& error);  // the I/O thread, after read_job
   void admit_locked();
   void abort_locked(std::unique_lock<std::mutex>& lk);
   void bind_views(int64_t slot, int64_t key);
 
   K3Config cfg_;
   StreamOptions opt_;
-  std::vector<std::string> files_;
-  std::vector<int> fds_;
   std::vector<Loc> locs_;            // [moe_layers * E]
   std::vector<int64_t> moe_index_;   // layer -> MoE index (-1 dense)
   int64_t E_ = 0, slots_ = 0;
-  uint64_t slot_bytes_ = 0, arena_bytes_ = 0, expert_bytes_ = 0, align_ = 4096;
-  bool direct_ = false;
-  std::string io_mode_;
-  uint8_t* arena_ = nullptr;
+  uint64_t expert_bytes_ = 0, align_ = 4096;
   std::vector<SlotViews> views_;
   int group_target_ = 1;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_io_, cv_done_, cv_call_;
-  std::thread::id owner_;  // the thread whose call is in progress
+  // Under ring_'s lock (the ring's outstanding count: admitted, not yet ready):
   ExpertCacheIndex index_;
-  bool stop_ = false, in_call_ = false;
   int64_t layer_ = -1;
   std::deque<Job> pending_;   // missing experts without a slot yet (file order)
-  std::deque<Job> queue_;     // admitted, waiting for the I/O thread
-  int64_t outstanding_ = 0;   // admitted, not yet ready (queued or being read)
+  std::vector<Job> reading_;  // [slots] the expert a slot is being read for (queued or in progress)
   std::vector<Job> ready_;    // read or hit, pinned, not handed out
   std::vector<Job> handed_;   // the group in use (pinned)
   std::string error_;         // first read error of the call
-  StreamStats st_;
+  StreamStats st_;            // the ring's own counts (reads, bytes, times) are added by stats()
   std::vector<int32_t> g_experts_;
   std::vector<ExpertMatrix> g_w1_, g_w3_, g_w2_;
-  std::thread io_;
+  ReadingRing ring_;          // last: stopped first
 };
 
 // A loaded model for inference, resident or under a RAM budget.

@@ -116,7 +116,7 @@ LayerWeightsT<R> layer_views(const ParamLayout& lay, const K3Config& c, const R*
 // returns. One call reports the sections of ParamLayout::layer_sections in the backward's
 // order: the output head's, the layers' from the last to the first, the embedding's last, so
 // the ranges are disjoint and cover the whole buffer. Data parallelism starts the gradient
-// reduction of a range here (train/trainer.cpp). Called on the backward's own thread.
+// reduction of a range here (train/trainer_forward.cpp). Called on the backward's own thread.
 using GradRangeDone = std::function<void(int64_t lo, int64_t hi)>;
 
 // Rows of the lm_head per logits block: about 32 MB of bf16 rows, a multiple of the bf16

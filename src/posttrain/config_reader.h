@@ -49,6 +49,10 @@ class ConfigReader {
 // Parses the JSON file at `path` (k3::Error naming it when missing or invalid).
 nlohmann::json read_json_file(const std::string& path);
 
+// A path a config file gives: as it is when absolute or empty, else relative to the directory
+// of the file at `config_path` (so sft.json, rl.json and distill.json travel with what they name).
+std::string resolve_config_path(const std::string& config_path, const std::string& p);
+
 // An object {"low": N, "high": N, "max": N} of token budgets per effort (each optional, each at
 // least 1), as rl.json and distill.json write `budgets` and `tool_budgets`; false when absent.
 inline bool read_effort_budgets(ConfigReader& rd, const char* key, int64_t& low, int64_t& high, int64_t& max) {

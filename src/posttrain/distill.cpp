@@ -19,27 +19,20 @@ namespace fs = std::filesystem;
 
 namespace k3 {
 
-namespace {
-std::string resolve(const std::string& base_file, const std::string& p) {
-  if (p.empty() || fs::path(p).is_absolute()) return p;
-  return (fs::path(base_file).parent_path() / p).lexically_normal().string();
-}
-}  // namespace
-
 DistillConfig load_distill_config(const std::string& path) {
   const nlohmann::json j = read_json_file(path);
   DistillConfig c;
   c.path = path;
   ConfigReader rd(j, path);
   if (!rd.get("model", c.model)) rd.bad("model", "missing (the student's starting model directory)");
-  c.model = resolve(path, c.model);
+  c.model = resolve_config_path(path, c.model);
   rd.get("by", c.by);
   if (c.by != "tool" && c.by != "effort") rd.bad("by", "must be tool or effort");
   if (!rd.get("teachers", c.teachers) || c.teachers.size() < 2) rd.bad("teachers", "needs at least two teachers");
   for (auto& [k, v] : c.teachers) {
     const bool ok = c.by == "tool" ? (k == "tool" || k == "no_tool") : (k == "low" || k == "high" || k == "max");
     if (!ok) rd.bad("teachers", "'" + k + "' is not a " + (c.by == "tool" ? "tool / no_tool" : "low / high / max") + " key");
-    v = resolve(path, v);
+    v = resolve_config_path(path, v);
   }
   if (const nlohmann::json* a = rd.sub("arithmetic")) c.train = parse_arith_family(*a, path, "arithmetic");
   else rd.bad("arithmetic", "missing (the prompts)");

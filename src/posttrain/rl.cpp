@@ -26,10 +26,6 @@ namespace k3 {
 
 namespace {
 
-std::string resolve(const std::string& base_file, const std::string& p) {
-  if (p.empty() || fs::path(p).is_absolute()) return p;
-  return (fs::path(base_file).parent_path() / p).lexically_normal().string();
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -50,7 +46,7 @@ RLConfig load_rl_config(const std::string& path) {
   c.path = path;
   ConfigReader rd(j, path);
   if (!rd.get("model", c.model)) rd.bad("model", "missing (the SFT model directory)");
-  c.model = resolve(path, c.model);
+  c.model = resolve_config_path(path, c.model);
   c.task = read_posttrain_task(rd, path, &c.unifont);
   const bool image = c.task == PosttrainTask::image_arithmetic;
   if (const nlohmann::json* a = rd.sub("arithmetic")) {
@@ -95,7 +91,7 @@ RLConfig load_rl_config(const std::string& path) {
   rd.get("seed", c.seed);
   rd.finish();
   if (!image && j.contains("unifont")) rd.bad("unifont", "only the image_arithmetic task renders images");
-  if (image) c.unifont = resolve(path, c.unifont);
+  if (image) c.unifont = resolve_config_path(path, c.unifont);
   if (c.steps < 1) rd.bad("steps", "must be at least 1");
   if (c.prompts_per_step < 1) rd.bad("prompts_per_step", "must be at least 1");
   if (c.group_size < 2) rd.bad("group_size", "must be at least 2 (advantages are relative to the group)");

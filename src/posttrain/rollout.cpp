@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/log_sum_exp.h"
 #include "io/chat_json.h"
 #include "io/chat_parse.h"
 #include "io/chat_render.h"
@@ -17,20 +18,19 @@
 namespace k3 {
 
 int32_t draw_token(const float* l, int64_t V, double u, double* logp) {
-  const float mx = *std::max_element(l, l + V);
-  double z = 0;
-  for (int64_t v = 0; v < V; ++v) z += std::exp(double(l[v]) - double(mx));
-  const double target = u * z;
+  // The same terms as the normaliser's, walked until their running sum passes u z.
+  const LogSumExpParts<float> lse = log_sum_exp_parts(l, V);
+  const double target = u * lse.sum;
   double acc = 0;
   int32_t pick = int32_t(V - 1);
   for (int64_t v = 0; v < V; ++v) {
-    acc += std::exp(double(l[v]) - double(mx));
+    acc += exp_term(l[v], lse.max);
     if (acc > target) {
       pick = int32_t(v);
       break;
     }
   }
-  *logp = double(l[pick]) - double(mx) - std::log(z);
+  *logp = double(l[pick]) - double(lse.max) - std::log(lse.sum);
   return pick;
 }
 

@@ -22,10 +22,6 @@ namespace k3 {
 
 namespace {
 
-std::string resolve(const std::string& base_file, const std::string& p) {
-  if (p.empty() || fs::path(p).is_absolute()) return p;
-  return (fs::path(base_file).parent_path() / p).lexically_normal().string();
-}
 
 std::vector<ChatSequence> load_sequences(const SFTConfig& c, const ChatVocab& vocab, const ImageTask* img) {
   std::vector<ChatSequence> out;
@@ -73,7 +69,7 @@ SFTConfig load_sft_config(const std::string& path) {
   c.path = path;
   ConfigReader rd(j, path);
   if (!rd.get("model", c.model)) rd.bad("model", "missing (the pretrained model directory)");
-  c.model = resolve(path, c.model);
+  c.model = resolve_config_path(path, c.model);
   rd.get("data", c.data);
   c.task = read_posttrain_task(rd, path, &c.unifont);
   const bool image = c.task == PosttrainTask::image_arithmetic;
@@ -83,7 +79,7 @@ SFTConfig load_sft_config(const std::string& path) {
   }
   if (image && !c.arith) rd.bad("arithmetic", "missing: the image_arithmetic task draws its problems from it");
   if (c.data.empty() == !c.arith) rd.bad("data", "give exactly one of data (a JSONL file) and arithmetic");
-  c.data = resolve(path, c.data);
+  c.data = resolve_config_path(path, c.data);
   rd.get("steps", c.steps);
   rd.get("batch", c.batch);
   rd.get("max_tokens", c.max_tokens);
@@ -99,7 +95,7 @@ SFTConfig load_sft_config(const std::string& path) {
   rd.get("seed", c.seed);
   rd.finish();
   if (!image && j.contains("unifont")) rd.bad("unifont", "only the image_arithmetic task renders images");
-  if (image) c.unifont = resolve(path, c.unifont);
+  if (image) c.unifont = resolve_config_path(path, c.unifont);
   if (c.steps < 1) rd.bad("steps", "must be at least 1");
   if (c.batch < 1) rd.bad("batch", "must be at least 1");
   if (c.max_tokens < 2) rd.bad("max_tokens", "must be at least 2");

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "kernels/log_sum_exp.h"
 
 namespace k3 {
 
@@ -29,14 +30,6 @@ void forward_rows(const K3ModelT<R>& model, const int32_t* tokens, int64_t T, Tr
   model.forward(s.logits.data(), tokens, T, s.st, s.fwd, fo, record ? &s.rec : nullptr, splice);
 }
 
-template <typename R>
-double row_lse(const R* l, int64_t V) {
-  const R mx = *std::max_element(l, l + V);
-  double z = 0;
-  for (int64_t v = 0; v < V; ++v) z += std::exp(double(l[v]) - double(mx));
-  return double(mx) + std::log(z);
-}
-
 }  // namespace
 
 template <typename R>
@@ -46,7 +39,7 @@ void sequence_logprobs_t(const K3ModelT<R>& model, const int32_t* tokens, int64_
   const int64_t V = model.dims().V;
   for (int64_t t = 0; t < T; ++t) {
     const R* l = s.logits.data() + t * V;
-    logp[t] = double(l[tokens[t + 1]]) - row_lse(l, V);
+    logp[t] = double(l[tokens[t + 1]]) - log_sum_exp(l, V);
   }
 }
 
@@ -59,7 +52,7 @@ double token_objective_backward_t(const K3ModelT<R>& model, const int32_t* token
   std::vector<double> lse(static_cast<size_t>(T)), logp(static_cast<size_t>(T)), c(static_cast<size_t>(T), 0.0);
   for (int64_t t = 0; t < T; ++t) {
     const R* l = s.logits.data() + t * V;
-    lse[size_t(t)] = row_lse(l, V);
+    lse[size_t(t)] = log_sum_exp(l, V);
     logp[size_t(t)] = double(l[tokens[t + 1]]) - lse[size_t(t)];
   }
   if (logp_out) std::copy(logp.begin(), logp.end(), logp_out);
@@ -98,7 +91,7 @@ void sequence_log_softmax_t(const K3ModelT<R>& model, const int32_t* tokens, int
   rows.resize(size_t(T * V));
   for (int64_t t = 0; t < T; ++t) {
     const R* l = s.logits.data() + t * V;
-    const double z = row_lse(l, V);
+    const double z = log_sum_exp(l, V);
     for (int64_t v = 0; v < V; ++v) rows[size_t(t * V + v)] = double(l[v]) - z;
   }
 }
@@ -116,7 +109,7 @@ double reverse_kl_backward_t(const K3ModelT<R>& model, const int32_t* tokens, in
       std::fill(l, l + V, R(0));
       continue;
     }
-    const double z = row_lse(l, V);
+    const double z = log_sum_exp(l, V);
     const double* lq = teacher_logq + t * V;
     double kl = 0;
     for (int64_t v = 0; v < V; ++v) {

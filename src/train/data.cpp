@@ -134,6 +134,17 @@ int64_t target_bytes(const int32_t* ids, int64_t n, const std::vector<int32_t>& 
   return b;
 }
 
+HeldoutTotals heldout_totals(const std::vector<double>& nats, const std::vector<int64_t>& bytes, int64_t T) {
+  K3_ASSERT(nats.size() == bytes.size(), "heldout_totals: one byte count per window");
+  HeldoutTotals h;
+  double total = 0;
+  for (size_t w = 0; w < nats.size(); ++w) total += nats[w], h.bytes += bytes[w];
+  h.targets = int64_t(nats.size()) * T;
+  h.loss = total / double(h.targets);
+  h.bpb = h.bytes > 0 ? total / std::log(2.0) / double(h.bytes) : 0;
+  return h;
+}
+
 SequenceStream::SequenceStream(const std::vector<int32_t>* tokens, int64_t seq_len, uint64_t seed)
     : tokens_(tokens), seq_len_(seq_len), seed_(seed) {
   build_perm();

@@ -54,6 +54,15 @@ double unigram_bits_per_byte(const CorpusSplit& s, const Vocabulary& vocab);
 // held-out bits per byte, comparable across vocabularies.
 int64_t target_bytes(const int32_t* ids, int64_t n, const std::vector<int32_t>& token_bytes);
 
+// The held-out figures of n windows of T targets from each window's nats and target bytes,
+// summed in window order (the order one process sums them, whatever split the windows had).
+struct HeldoutTotals {
+  int64_t targets = 0, bytes = 0;
+  double loss = 0;  // mean cross-entropy per target (nats)
+  double bpb = 0;   // total cross-entropy in bits / bytes the targets decode to (0: no bytes)
+};
+HeldoutTotals heldout_totals(const std::vector<double>& nats, const std::vector<int64_t>& bytes, int64_t T);
+
 // Packs a token stream into sequences of seq_len + 1 tokens (input and shifted target), in a
 // seeded shuffled order of start offsets per epoch. Sequence s of an epoch starts at
 // perm[s] * seq_len (the last window that fits is included).

@@ -1,5 +1,5 @@
 // Expert-parallel training's view of the parameters (train/parallel.h ExpertParallelTraining;
-// used by trainer.cpp). Which optimiser parameters are routed experts and which rank of a
+// used by the trainer, trainer_impl.h). Which optimiser parameters are routed experts and which rank of a
 // group owns each; the ranges of the flat gradient buffer that are not routed experts (the
 // trunk: reduced over every rank as in data parallelism); and per-parameter quantities
 // (weights, gradients, squared norms, optimiser moments) put together in parameter order

@@ -6,17 +6,14 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/log_sum_exp.h"
 
 namespace k3 {
 
 namespace {
 
 double nll_of(const float* logits, int64_t V, int32_t target) {
-  double mx = logits[0];
-  for (int64_t i = 1; i < V; ++i) mx = std::max(mx, double(logits[i]));
-  double z = 0;
-  for (int64_t i = 0; i < V; ++i) z += std::exp(double(logits[i]) - mx);
-  return mx + std::log(z) - double(logits[target]);
+  return log_sum_exp(logits, V) - double(logits[target]);
 }
 
 int32_t argmax(const float* l, int64_t V) { return int32_t(std::max_element(l, l + V) - l); }

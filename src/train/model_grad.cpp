@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/grow.h"
+#include "kernels/log_sum_exp.h"
 #include "kernels/router.h"
 
 namespace k3 {
@@ -53,10 +54,7 @@ double cross_entropy(R* logits, const int32_t* targets, int64_t T, int64_t V, do
       if (dlogits) std::fill(l, l + V, R(0));
       continue;
     }
-    const R mx = *std::max_element(l, l + V);
-    double z = 0;
-    for (int64_t v = 0; v < V; ++v) z += double(std::exp(l[v] - mx));
-    const double lse = double(mx) + std::log(z);
+    const double lse = log_sum_exp(l, V);
     const double w = weight ? double(weight[t]) : 1.0;
     row_loss[size_t(t)] = w * (lse - double(l[targets[t]]));
     if (dlogits) {

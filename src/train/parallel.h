@@ -6,7 +6,7 @@
 //
 // Determinism: nothing here sums floats in an order the backend chooses. reduce_sum_ordered
 // sums in rank order, ((g_0 + g_1) + g_2) + ..., which is the order in which a single process
-// with one thread per rank sums its per-thread gradient buffers (trainer.cpp), so N ranks of
+// with one thread per rank sums its per-thread gradient buffers (trainer_reduce.cpp), so N ranks of
 // one thread reproduce one process of N threads bit for bit. Integer sums are exact in any
 // order; gathers move bytes.
 #pragma once

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "kernels/log_sum_exp.h"
 #include "train/balancer.h"
 #include "train/data.h"
 
@@ -202,12 +203,9 @@ HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& h
       for (int64_t t = 0; t < T; ++t) {
         // Cross-entropy of target ids[t + 1]: log sum exp(row) - row[target], in double.
         const float* row = es.logits.data() + t * V;
-        const float mx = *std::max_element(row, row + V);
-        double z = 0;
-        for (int64_t v = 0; v < V; ++v) z += std::exp(double(row[v] - mx));
         const int32_t target = ids[t + 1];
         K3_ASSERT(target >= 0 && target < V, "held-out token outside the vocabulary");
-        sum += std::log(z) + double(mx) - double(row[target]);
+        sum += log_sum_exp(row, V) - double(row[target]);
         K3_ASSERT(size_t(target) < token_bytes->size(), "held-out token outside the vocabulary's byte table");
       }
       nats[size_t(w)] = sum;
@@ -248,11 +246,8 @@ HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& h
   r.seq_len = T, r.windows = n;
   const int64_t per_batch = std::clamp<int64_t>(batch_tokens / T, 1, n);
   r.batch_tokens = per_batch * T;
-  double total = 0;
-  for (int64_t w = 0; w < n; ++w) total += nats[size_t(w)], r.bytes += bytes[size_t(w)];
-  r.targets = n * T;
-  r.loss = total / double(r.targets);
-  r.bpb = r.bytes > 0 ? total / std::log(2.0) / double(r.bytes) : 0;
+  const HeldoutTotals h = heldout_totals(nats, bytes, T);
+  r.targets = h.targets, r.bytes = h.bytes, r.loss = h.loss, r.bpb = h.bpb;
 
   for (int64_t l = 0; l < n_moe; ++l) {
     r.layers.push_back(layer_stats(wloads, wslots, n, n_moe, l, E, k, T, per_batch));

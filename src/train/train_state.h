@@ -54,7 +54,7 @@ struct TrainState {
   std::vector<StageSummary> stages;
   // Fingerprint (see run_fingerprint / compare_fingerprint).
   std::string run_json;      // canonical JSON of the trajectory-shaping run fields
-  std::string model_json;    // the model architecture, config_to_hf_json form (trainer.cpp model_record)
+  std::string model_json;    // the model architecture, config_to_hf_json form (trainer_setup.cpp model_record)
   std::string corpus_hash;   // hex of the tokenised train + held-out streams
   // Content hashes, checked on load.
   std::string weights_hash;  // hex of the f32 weight buffer

@@ -1,4 +1,4 @@
-// Internals of the training run shared by trainer.cpp and trainer_parts.cpp (and tests).
+// Internals of the training run shared by the trainer's files (trainer_impl.h) and tests.
 // ShardedOptimizer: train/optimizer.h's Optimizer over consecutive ranges of the parameter
 // list, stepped in parallel (OpenMP, one shard per task). Optimizer::step is serial, and
 // with 896 experts per layer the routed experts alone are thousands of Muon matrices, each

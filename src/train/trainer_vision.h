@@ -1,7 +1,7 @@
 // The vision part of a training run (run file "vision", train/run_config.h): the encoder's
 // parameters, per-thread gradient buffers and scratch, the image-text examples of each
 // micro-batch, the optimiser entries, the end-of-run evaluation with blind baselines, and the
-// encoder tensors of the checkpoint. The Trainer (trainer.cpp) owns one and calls it inside
+// encoder tensors of the checkpoint. The Trainer (trainer_impl.h) owns one and calls it inside
 // its step, so the encoder trains jointly with the text from step 0 with the same stages,
 // learning-rate schedule, optimiser, gradient clipping and balancer.
 // Example sequence: media_pad x (image tokens), then the question's tokens, then the answer's

@@ -30,7 +30,7 @@ TEST(Tensor, ViewKeepsOwnerAlive) {
   EXPECT_EQ(v.data<float>()[7], 2.0f);
 }
 
-// Expert-parallel training's buffers (train/trainer.cpp): pages of a mapped buffer take
+// Expert-parallel training's buffers (train/trainer_setup.cpp): pages of a mapped buffer take
 // memory only once written, and release_pages gives them back (reading zeros again).
 TEST(Tensor, MappedZerosTakeMemoryOnlyWhereWrittenAndGiveItBack) {
   const int64_t n = 64 * 1024;  // 256 KiB: 64 pages of 4 KiB
