@@ -5,8 +5,10 @@
 // recurrence (kernels/kda.h), relative RMS of o and of the final state <= 1e-2: the kernel's
 // products take bf16 operands (one rounding of 2^-9 relative each; the CPU kernel's bf16 mode
 // measures 3.3e-3 on o, docs/kda-numerics.md), everything else is f32.
-// Every case runs twice: threads scheduled in order with cp.async copies landing at issue, and
-// in reverse order with copies landing only at the wait (kda_emulator.h).
+// Every case runs under three schedules (kda_emulator.h), with bitwise-equal results: threads in order and in reverse order
+// with cp.async copies landing at issue (a copy into memory another thread still reads shows in
+// one of them), and in reverse order with copies landing only at the wait (a read before the
+// wait shows).
 #include "kda_emulator.h"
 // (the emulator first: it stands in for the CUDA headers)
 #include <gtest/gtest.h>
@@ -24,9 +26,12 @@ namespace {
 
 constexpr double kTol = 1e-2;
 
+enum class Schedule { Forward, Reverse, ReverseLazyCopies };
+
 template <int DK, int DV>
 void emulate_dims(float* o, float* state, const Inputs& in, int64_t t0, int64_t t1, float scale, bool dense,
-                  bool lazy) {
+                  Schedule sch) {
+  const bool lazy = sch == Schedule::ReverseLazyCopies, reverse = sch != Schedule::Forward;
   const int64_t H = in.H;
   const cuda::kda::Params p{o,
                             state,
@@ -40,28 +45,30 @@ void emulate_dims(float* o, float* state, const Inputs& in, int64_t t0, int64_t 
                             scale};
   const size_t bytes = cuda::kda::Layout<DK, DV>::kBytes;
   if (dense)
-    emu::run_blocks(int(H), bytes, lazy, lazy, [&p] { cuda::kda::kda_chunk_kernel<DK, DV, true>(p); });
+    emu::run_blocks(int(H), bytes, lazy, reverse, [&p] { cuda::kda::kda_chunk_kernel<DK, DV, true>(p); });
   else
-    emu::run_blocks(int(H), bytes, lazy, lazy, [&p] { cuda::kda::kda_chunk_kernel<DK, DV, false>(p); });
+    emu::run_blocks(int(H), bytes, lazy, reverse, [&p] { cuda::kda::kda_chunk_kernel<DK, DV, false>(p); });
 }
 
 // The kernel on tokens [t0, t1) of `in`; o [t1 - t0, H, Dv]; state [H, Dk, Dv] in/out or null.
-void emulate(float* o, float* state, const Inputs& in, int64_t t0, int64_t t1, float scale, bool dense, bool lazy) {
-  if (in.Dk == 64 && in.Dv == 64) return emulate_dims<64, 64>(o, state, in, t0, t1, scale, dense, lazy);
-  if (in.Dk == 64 && in.Dv == 128) return emulate_dims<64, 128>(o, state, in, t0, t1, scale, dense, lazy);
-  if (in.Dk == 128 && in.Dv == 64) return emulate_dims<128, 64>(o, state, in, t0, t1, scale, dense, lazy);
+void emulate(float* o, float* state, const Inputs& in, int64_t t0, int64_t t1, float scale, bool dense,
+             Schedule sch) {
+  if (in.Dk == 64 && in.Dv == 64) return emulate_dims<64, 64>(o, state, in, t0, t1, scale, dense, sch);
+  if (in.Dk == 64 && in.Dv == 128) return emulate_dims<64, 128>(o, state, in, t0, t1, scale, dense, sch);
+  if (in.Dk == 128 && in.Dv == 64) return emulate_dims<128, 64>(o, state, in, t0, t1, scale, dense, sch);
   ASSERT_TRUE(in.Dk == 128 && in.Dv == 128);
-  emulate_dims<128, 128>(o, state, in, t0, t1, scale, dense, lazy);
+  emulate_dims<128, 128>(o, state, in, t0, t1, scale, dense, sch);
 }
 
 struct Errors {
   double o, s;
   int64_t nonfinite;
+  std::vector<float> out, state;  // the kernel's o and final state
 };
 
 // One call over the whole sequence (or `pieces` calls continuing one state), compared with the
 // double recurrence. Output and state poisoned (NaN) where the kernel must write them.
-Errors run_case(const Inputs& in, bool dense, bool lazy, bool with_state, const std::vector<int64_t>& pieces = {}) {
+Errors run_case(const Inputs& in, bool dense, Schedule sch, bool with_state, const std::vector<int64_t>& pieces = {}) {
   const float scale = 1.f / std::sqrt(float(in.Dk));
   std::vector<double> sref(in.s0.begin(), in.s0.end());
   const std::vector<double> oref = reference(in, sref, scale, 0, in.T);
@@ -71,8 +78,8 @@ Errors run_case(const Inputs& in, bool dense, bool lazy, bool with_state, const 
   if (cuts.back() != in.T) cuts.push_back(in.T);
   for (size_t i = 0; i + 1 < cuts.size(); ++i)
     emulate(o.data() + cuts[i] * in.H * in.Dv, with_state ? s.data() : nullptr, in, cuts[i], cuts[i + 1], scale,
-            dense, lazy);
-  Errors e{rel_rms(o.data(), oref.data(), int64_t(oref.size())), 0, count_nonfinite(o)};
+            dense, sch);
+  Errors e{rel_rms(o.data(), oref.data(), int64_t(oref.size())), 0, count_nonfinite(o), o, s};
   e.s = with_state ? rel_rms(s.data(), sref.data(), int64_t(sref.size())) : 0.0;
   if (!with_state)
     for (size_t i = 0; i < s.size(); ++i)
@@ -80,10 +87,14 @@ Errors run_case(const Inputs& in, bool dense, bool lazy, bool with_state, const 
   return e;
 }
 
+// Accurate under every schedule, and bitwise the same under all three: the kernel's reductions
+// have a fixed order, so any difference, however small, is a race the schedules exposed.
 void expect_accurate(const Inputs& in, bool dense, bool with_state, const std::vector<int64_t>& pieces = {}) {
-  for (bool lazy : {false, true}) {
-    const Errors e = run_case(in, dense, lazy, with_state, pieces);
-    const std::string what = std::string(dense ? "dense" : "safe") + (lazy ? ", reverse order, copies at the wait" : "") +
+  std::vector<float> first_o, first_s;
+  for (Schedule sch : {Schedule::Forward, Schedule::Reverse, Schedule::ReverseLazyCopies}) {
+    const Errors e = run_case(in, dense, sch, with_state, pieces);
+    const char* sched[] = {"", ", reverse order", ", reverse order, copies at the wait"};
+    const std::string what = std::string(dense ? "dense" : "safe") + sched[int(sch)] +
                              ", T = " + std::to_string(in.T) + ", Dk = " + std::to_string(in.Dk) +
                              ", Dv = " + std::to_string(in.Dv);
     std::printf("  %-60s rel o %.2e  rel S %.2e\n", what.c_str(), e.o, e.s);
@@ -91,6 +102,12 @@ void expect_accurate(const Inputs& in, bool dense, bool with_state, const std::v
     EXPECT_LE(e.o, kTol) << what;  // NaN fails too
     EXPECT_LE(e.s, kTol) << what;
     EXPECT_GT(e.o, 1e-5) << what << ": bf16 operands should leave a visible rounding error";
+    if (sch == Schedule::Forward) {
+      first_o = e.out, first_s = e.state;
+    } else {
+      EXPECT_TRUE(e.out == first_o) << what << ": o differs from the in-order schedule (a race)";
+      EXPECT_TRUE(e.state == first_s) << what << ": state differs from the in-order schedule (a race)";
+    }
   }
 }
 
@@ -129,6 +146,6 @@ TEST(KdaChunkEmulated, UnboundedGateNeedsTheSafePath) {
   // gate (g >= -5): here its anchored factors overflow and the output is not finite.
   const Inputs in = make_inputs(96, 1, 64, 64, Gate::Unbounded, true, 8);
   expect_accurate(in, false, true);
-  const Errors d = run_case(in, true, false, true);
+  const Errors d = run_case(in, true, Schedule::Forward, true);
   EXPECT_TRUE(d.nonfinite > 0 || !(d.o <= 0.1)) << "dense path on the unbounded gate: rel " << d.o;
 }

@@ -12,6 +12,9 @@ namespace k3::cuda {
 namespace kda {
 namespace {
 
+// Hopper's 232,448 bytes of shared memory per block hold every instance (docs/cuda-kda.md).
+static_assert(Layout<128, 128>::kBytes <= 232448 && Layout<128, 64>::kBytes <= 232448, "too much shared memory");
+
 template <int DK, int DV, bool DENSE>
 void launch(cudaStream_t st, const Params& p) {
   const size_t bytes = Layout<DK, DV>::kBytes;

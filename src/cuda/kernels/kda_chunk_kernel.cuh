@@ -37,14 +37,14 @@ constexpr size_t cmax(size_t a, size_t b) { return a > b ? a : b; }
 template <int DK, int DV>
 struct Layout {
   static constexpr int KP = DK + 8, VP = DV + 8;  // padded f32 row strides (bank-conflict free)
-  // RQ: q f32 [64][KP] -> Akk, Aqk f32 [64][kAL] each (Aqk's slot then holds Linv) -> V' bf16 [64][DV]
-  static constexpr size_t RQ = cmax(cmax(size_t(kC) * KP * 4, size_t(2) * kC * kAL * 4), size_t(kC) * DV * 2);
+  // RQ: q f32 [64][KP] -> Akk, Aqk f32 [64][kAL] each (Aqk's slot then holds Linv) -> next q
+  static constexpr size_t RQ = cmax(size_t(kC) * KP * 4, size_t(2) * kC * kAL * 4);
   // RK: k f32 [64][KP] -> Y = K e^(G_b - G) in place
   static constexpr size_t RK = size_t(kC) * KP * 4;
   // RG: g f32 [64][KP] -> G (log2 units) in place -> v f32 [64][VP] -> R bf16 [64][DV]
   static constexpr size_t RG = cmax(cmax(size_t(kC) * KP * 4, size_t(kC) * VP * 4), size_t(kC) * DV * 2);
-  // AT: tile operands [X_I ; Qx_I] bf16 [4 x 32][DK] -> Tm bf16 [64][64], Aqk bf16 [64][64]
-  static constexpr size_t AT = cmax(size_t(4 * 32) * DK * 2, size_t(2) * kC * kC * 2);
+  // AT: tile operands [X_I ; Qx_I] bf16 [4 x 32][DK] -> Tm, Aqk bf16 [64][64] each, V' bf16 [64][DV]
+  static constexpr size_t AT = cmax(size_t(4 * 32) * DK * 2, size_t(2) * kC * kC * 2 + size_t(kC) * DV * 2);
   static constexpr size_t KQE = size_t(2 * kC) * DK * 2;  // [K e^G ; Q e^G] bf16 [128][DK]
   static constexpr size_t KD = size_t(kC) * DK * 2;       // K e^(G_last - G) bf16 [64][DK]
   static constexpr size_t SB = size_t(DK) * DV * 2;       // S bf16 [DK][DV]
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 1) kda_chunk_kernel(Params p) {
   const SwzTile<DK> tKd{reinterpret_cast<__nv_bfloat16*>(smem + L::oKD)};
   const SwzTile<DV> tSb{reinterpret_cast<__nv_bfloat16*>(smem + L::oSB)};
   const SwzTile<DV> tR{reinterpret_cast<__nv_bfloat16*>(smem + L::oRG)};
-  const SwzTile<DV> tVp{reinterpret_cast<__nv_bfloat16*>(smem + L::oRQ)};
+  const SwzTile<DV> tVp{reinterpret_cast<__nv_bfloat16*>(smem + L::oAT) + 2 * kC * kC};
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gq = lane >> 2, tq = lane & 3;
   const int64_t h = blockIdx.x, H = p.H, T = p.T;
@@ -425,6 +425,9 @@ K3_KDA_UNROLL()
         __syncthreads();
       }
     }
+    // RQ (Akk, Linv) is dead: the next chunk's q.
+    load_rows<DK>(sQ, p.q, t1, n1, H, h, tid);
+    cp_async_commit();
 
     // ---- P5: R = V - (K e^G) S  (64 x DV, K = DK), bf16 into RG over v.
     float acc[2][NTO][4];
@@ -467,7 +470,7 @@ K3_KDA_UNROLL()
     __syncthreads();
 
     // ---- P6: V' = Tm R (Tm lower block-triangular: rows of tile pair wmO need K < 32 (wmO + 1)),
-    // bf16 into RQ (Akk, Linv are dead). Then RG (R) is dead: the next chunk's g and beta.
+    // bf16 into AT beside Tm and Aqk. Then RG (R) is dead: the next chunk's g and beta.
     const int kTri = 32 * (wmO + 1);
     zero_acc();
     mma_rows(tTm, mO0, tR, 0, kTri);
@@ -513,9 +516,7 @@ K3_KDA_UNROLL()
         }
       }
     }
-    __syncthreads();  // S's bf16 copy and V' (RQ) are read no more this chunk
-    load_rows<DK>(sQ, p.q, t1, n1, H, h, tid);
-    cp_async_commit();
+    __syncthreads();  // S's bf16 copy is read no more this chunk
     store_frags(tSb, accS, mS0, nS0, lane);
   }
   cp_async_wait_all();
