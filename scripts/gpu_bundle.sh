@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 grep -q "K3_CUDA:BOOL=ON" build/CMakeCache.txt || { echo "gpu_bundle: this build has no CUDA backend (nvcc not found)" >&2; exit 1; }
-targets=(k3cpp k3cuda test_cuda test_ops bench_ops bench_cuda_model)
+targets=(k3cpp k3cuda test_cuda test_ops bench_ops bench_gpu_model)
 [ -f bench/cuda_kda.cpp ] && targets+=(bench_cuda_kda)
 cmake --build build -j"$(nproc)" --target "${targets[@]}"
 
@@ -19,7 +19,7 @@ OUT=gpu-bundle
 rm -rf "$OUT"
 mkdir -p "$OUT"
 bins=(build/k3cpp build/libk3cuda.so build/tests/test_cuda build/tests/test_ops build/bench/bench_ops
-      build/bench/bench_cuda_model)
+      build/bench/bench_gpu_model)
 [ -f build/bench/bench_cuda_kda ] && bins+=(build/bench/bench_cuda_kda)
 cp "${bins[@]}" "$OUT/"
 # Libraries every Linux has (the C library and the compiler's runtime), and those the GPU

@@ -54,14 +54,14 @@ step bench_ops 150 "$B/bench_ops" --benchmark_filter='/cuda' --benchmark_min_tim
   --benchmark_format=json --benchmark_out="$OUT/bench_ops.json"
 # 4. The chunked KDA kernel at K3's shape, bounded and unbounded gates.
 if [ -x "$B/bench_cuda_kda" ]; then
-  step bench_cuda_kda 90 "$B/bench_cuda_kda" --benchmark_format=json --benchmark_out="$OUT/bench_cuda_kda.json"
+  step bench_cuda_kda 90 "$B/bench_cuda_kda"
 fi
 # 5. Whole models: peaks, the K3-width slice's decode and prefill, the engine at 1 and 64
 #    sequences, and mid-1024's prefill on the checkpoint the PyTorch run reads too.
 MID=$(mktemp -d /tmp/k3-mid.XXXXXX)
 step init_mid 150 "$B/k3cpp" init configs/mid-1024.json "$MID/model" --seed 1 --experts mxfp4 --dtype bf16
-step bench_cuda_model 300 env K3_MID_DIR="$MID/model" "$B/bench_cuda_model" --benchmark_format=json \
-  --benchmark_out="$OUT/bench_cuda_model.json"
+step bench_gpu_model 300 env K3_MID_DIR="$MID/model" "$B/bench_gpu_model" --benchmark_format=json \
+  --benchmark_out="$OUT/bench_gpu_model.json"
 # 6. The project's PyTorch implementation on the same GPU and checkpoint (f32 with TF32).
 step torch_prefill 120 python3 tools/k3_torch_prefill_bench.py --model "$MID/model" --device cuda --batch 4 \
   --seq 2048 --reps 3 --json "$OUT/torch_prefill.json"

@@ -100,10 +100,17 @@ class CudaOps final : public Ops {
            KDAWorkspace&) const override {
     dev_->make_current();
     if (T <= 0) return;
-    // Every core runs the recurrence token by token for now (exact f32; the tensor-core chunked
-    // form, kernels/kda_chunk.cu, takes the Fast and Chunked cores once it lands).
-    (void)opt;
-    launch_kda_steps(dev_->stream(), o, S, q, k, v, g, beta, T, H, Dk, Dv, float(scale));
+    // Multi-token cores take the chunked form on the tensor cores (kernels/kda_chunk.cu; head
+    // widths 64 and 128), the Dense diagonal tiles only where the gate is bounded; decode steps
+    // and other widths the recurrence token by token (exact f32).
+    const bool chunk_widths = (Dk == 64 || Dk == 128) && (Dv == 64 || Dv == 128);
+    if ((core == KDACore::Fast || core == KDACore::Chunked) && chunk_widths) {
+      const bool dense = opt.diag == KDAFastOptions::DiagPath::Dense ||
+                         (opt.diag == KDAFastOptions::DiagPath::Auto && opt.gate_bounded);
+      launch_kda_chunk(dev_->stream(), o, S, q, k, v, g, beta, T, H, Dk, Dv, float(scale), dense);
+    } else {
+      launch_kda_steps(dev_->stream(), o, S, q, k, v, g, beta, T, H, Dk, Dv, float(scale));
+    }
   }
   void attention(float* o, const float* q, const float* k, const float* kr, const float* v, const AttentionDims& dims,
                  AttentionScratch&, float* lse) const override {
