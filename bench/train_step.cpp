@@ -44,6 +44,7 @@
 #include "bench_results.h"
 #include "core/error.h"
 #include "core/threads.h"
+#include "infer/mem_probe.h"
 #include "io/config.h"
 #include "io/vocabulary.h"
 #include "machine_peak.h"
@@ -122,6 +123,10 @@ void BM_TrainStep(benchmark::State& st) {
   st.counters["fwd_bwd"] = g_fig.fwd_bwd_s / g_fig.total_s;
   st.counters["update"] = g_fig.update_s / g_fig.total_s;
   st.counters["maxvio"] = g_fig.maxvio;
+  // Memory: the training records' activations per token (one sequence per thread) and the
+  // process's peak resident set (weights, gradients, optimiser state, activations).
+  st.counters["act_KB_per_token"] = double(tr.activation_bytes()) / 1024.0 / double(g_threads * g_fig.seq_len);
+  st.counters["peak_RSS_GB"] = double(read_proc_mem().vm_hwm) / 1e9;
 }
 
 // The PyTorch implementation on the run's model, weights, corpus, batch and thread count.

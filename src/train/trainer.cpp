@@ -4,6 +4,8 @@
 // trainer_impl.h.
 #include "train/trainer.h"
 
+#include "model/activation_bytes.h"
+
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -134,6 +136,12 @@ TrainResult Trainer::run() {
 }
 
 const K3Model& Trainer::model() const { return *impl_->model; }
+
+int64_t Trainer::activation_bytes() const {
+  int64_t b = 0;
+  for (const auto& s : impl_->scratch) b += activation_bytes_total(s->rec);
+  return b;
+}
 const Vocabulary& Trainer::tokenizer() const { return impl_->vocab; }
 const RunConfig& Trainer::run_config() const { return impl_->run; }
 EvalResult Trainer::evaluate(int64_t seq_len, int64_t max_tokens) { return impl_->evaluate(seq_len, max_tokens); }

@@ -132,6 +132,9 @@ class Trainer {
   StepStats step();
 
   const K3Model& model() const;
+  // Bytes the threads' training records hold for the backward (model/activation_bytes.h),
+  // after a step: the activation memory of one sequence per thread.
+  int64_t activation_bytes() const;
   const Vocabulary& tokenizer() const;  // the run's vocabulary (RunConfig::tokenizer)
   const RunConfig& run_config() const;
   EvalResult evaluate(int64_t seq_len, int64_t max_tokens);  // held-out; max_tokens 0: all
