@@ -177,7 +177,7 @@ double measured_distinct(const K3Model& m, int64_t B) {
         int64_t distinct = 0;
         for (int64_t j = j0; j < j0 + B; ++j)
           for (int64_t r = 0; r < k; ++r) {
-            const int32_t e = recs[size_t(j)].layers[size_t(layer)].routing.idx[size_t(p * k + r)];
+            const int32_t e = recs[size_t(j)].layers[size_t(layer)].moe.routing.idx[size_t(p * k + r)];
             distinct += !seen[size_t(e)];
             seen[size_t(e)] = 1;
           }

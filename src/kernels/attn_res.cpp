@@ -10,6 +10,21 @@
 
 namespace k3 {
 
+namespace {
+
+// out[0, d) = sum_s alpha[s] src_s[t], in source order: the forward's sum and its recomputation
+// in the backward (attn_res_mix) are this one loop, so they agree bit for bit.
+template <typename T>
+void attn_res_mix_row(T* o, const T* a, const T* const* sources, int64_t S, int64_t t, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) o[i] = a[0] * sources[0][t * d + i];
+  for (int64_t s = 1; s < S; ++s) {
+    const T* x = sources[s] + t * d;
+    for (int64_t i = 0; i < d; ++i) o[i] += a[s] * x[i];
+  }
+}
+
+}  // namespace
+
 template <typename T>
 void attn_res_forward(T* out, T* alpha, const T* const* sources, int64_t S, const T* w_norm, const T* w_proj,
                       int64_t Tn, int64_t d, double eps) {
@@ -37,13 +52,14 @@ void attn_res_forward(T* out, T* alpha, const T* const* sources, int64_t S, cons
     T sum = 0;
     for (int64_t s = 0; s < S; ++s) sum += (a[s] = std::exp(a[s] - mx));
     for (int64_t s = 0; s < S; ++s) a[s] /= sum;
-    T* o = out + t * d;
-    for (int64_t i = 0; i < d; ++i) o[i] = a[0] * sources[0][t * d + i];
-    for (int64_t s = 1; s < S; ++s) {
-      const T* x = sources[s] + t * d;
-      for (int64_t i = 0; i < d; ++i) o[i] += a[s] * x[i];
-    }
+    attn_res_mix_row<T>(out + t * d, a, sources, S, t, d);
   }
+}
+
+template <typename T>
+void attn_res_mix(T* out, const T* alpha, const T* const* sources, int64_t S, int64_t Tn, int64_t d) {
+#pragma omp parallel for schedule(static) if (Tn * S * d > 65536)
+  for (int64_t t = 0; t < Tn; ++t) attn_res_mix_row<T>(out + t * d, alpha + t * S, sources, S, t, d);
 }
 
 template <typename T>
@@ -106,6 +122,8 @@ void attn_res_backward(T* const* dsources, T* dw_norm, T* dw_proj, const T* dout
   }
 }
 
+template void attn_res_mix<float>(float*, const float*, const float* const*, int64_t, int64_t, int64_t);
+template void attn_res_mix<double>(double*, const double*, const double* const*, int64_t, int64_t, int64_t);
 template void attn_res_forward<float>(float*, float*, const float* const*, int64_t, const float*, const float*,
                                       int64_t, int64_t, double);
 template void attn_res_forward<double>(double*, double*, const double* const*, int64_t, const double*,

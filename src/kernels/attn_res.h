@@ -16,6 +16,11 @@ template <typename T>
 void attn_res_forward(T* out, T* alpha, const T* const* sources, int64_t S, const T* w_norm, const T* w_proj,
                       int64_t Tn, int64_t d, double eps);
 
+// out [T, d] = sum_s alpha[t, s] sources[s][t] with a forward's saved alpha [T, S]: the read
+// recomputed bit for bit (the training record keeps alpha, not the read's output).
+template <typename T>
+void attn_res_mix(T* out, const T* alpha, const T* const* sources, int64_t S, int64_t Tn, int64_t d);
+
 // Backward of attn_res_forward, from its saved alpha [T, S]. dsources: S pointers, each
 // [T, d], ACCUMULATED (+=): the sources are streams summed into, so the caller's gradient of
 // a block or of the partial sum just grows; none may alias dout. dw_norm, dw_proj [d] (+=).

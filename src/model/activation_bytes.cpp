@@ -26,25 +26,16 @@ std::map<std::string, int64_t> activation_bytes(const ForwardRecordT<R>& rec) {
   add("output.h_final", cap(rec.h_final));
   for (const LayerRecordT<R>& l : rec.layers) {
     add("layer.partial_in", cap(l.partial_in));
-    add("layer.x_attn", cap(l.x_attn));
     add("layer.alpha", cap(l.alpha_attn) + cap(l.alpha_mlp));
-    add("layer.h_attn", cap(l.h_attn));
     add("layer.rstd", cap(l.rstd_attn) + cap(l.rstd_mlp));
-    add("layer.mixer_out", cap(l.mixer_out));
     add("layer.partial_mid", cap(l.partial_mid));
-    add("layer.x_mlp", cap(l.x_mlp));
-    add("layer.h_mlp", cap(l.h_mlp));
-    add("layer.ffn_out", cap(l.ffn_out));
-    add("layer.routing_copy", cap(l.routing.idx) + cap(l.routing.weight) + cap(l.routing.scores));
-    add("dense.gu_act", cap(l.dense_gu) + cap(l.dense_act));
+    add("dense.gu", cap(l.dense_gu));
     const KDASavedT<R>& k = l.kda;
     add("kda.x", cap(k.x));
     add("kda.state0", cap(k.S0) + cap(k.conv_q0) + cap(k.conv_k0) + cap(k.conv_v0));
     add("kda.lin", cap(k.q_lin) + cap(k.k_lin) + cap(k.v_lin));
-    add("kda.pre", cap(k.q_pre) + cap(k.k_pre) + cap(k.v_pre));
-    add("kda.qkv", cap(k.q) + cap(k.k) + cap(k.v));
     add("kda.small", cap(k.q_inv) + cap(k.k_inv) + cap(k.beta) + cap(k.fa) + cap(k.o_rstd));
-    add("kda.z_g", cap(k.z) + cap(k.g));
+    add("kda.z", cap(k.z));
     add("kda.o_gate", cap(k.o) + cap(k.gate_lin));
     add("kda.chunk_states", int64_t(k.ws.bytes()));
     const MLASavedT<R>& a = l.mla;
@@ -57,7 +48,7 @@ std::map<std::string, int64_t> activation_bytes(const ForwardRecordT<R>& rec) {
     add("moe.z_u", cap(e.z) + cap(e.u) + cap(e.u_rstd));
     add("moe.slot_gu", cap(e.slot_gu));
     add("moe.slot_y", cap(e.slot_y));
-    add("moe.shared", cap(e.shared_gu) + cap(e.shared_act));
+    add("moe.shared_gu", cap(e.shared_gu));
   }
   return m;
 }

@@ -100,6 +100,8 @@ void decoder_layer_forward(const OpsT<R>& ops, BlockStateT<R>& bs, LayerStateT<R
   if (rec) {
     rec->T = T;
     save(rec->partial_in, partial, n);
+    // The layer recomputes the mixers' and the MoE block's input in the backward.
+    rec->kda.keep_input = rec->mla.keep_input = rec->moe.keep_input = false;
   }
 
   // 1. x = AttnRes_attn(blocks + [partial]), or partial itself before the first block.
@@ -125,11 +127,7 @@ void decoder_layer_forward(const OpsT<R>& ops, BlockStateT<R>& bs, LayerStateT<R
     rstd = rec->rstd_attn.data();
   }
   ops.rmsnorm(s.h.data(), d, rstd, x, d, w.input_norm, T, d, dm.eps);
-  if (rec) {
-    rec->n_src_attn = nsrc1;
-    save(rec->x_attn, x, n);
-    save(rec->h_attn, s.h.data(), n);
-  }
+  if (rec) rec->n_src_attn = nsrc1;
 
   // 2. A new block starts at every S-th layer: the partial sum becomes a completed block.
   const bool append = layer % dm.block_size == 0;
@@ -178,10 +176,7 @@ void decoder_layer_forward(const OpsT<R>& ops, BlockStateT<R>& bs, LayerStateT<R
   }
   if (!bs.partial_empty) ops.add(partial, a, n);
   bs.partial_empty = false;
-  if (rec) {
-    save(rec->mixer_out, a, n);
-    save(rec->partial_mid, partial, n);
-  }
+  if (rec) save(rec->partial_mid, partial, n);
 
   // 4. x = AttnRes_mlp(blocks + [partial]).
   R* alpha2 = s.alpha.data();
@@ -198,36 +193,29 @@ void decoder_layer_forward(const OpsT<R>& ops, BlockStateT<R>& bs, LayerStateT<R
     rstd = rec->rstd_mlp.data();
   }
   ops.rmsnorm(s.h.data(), d, rstd, s.x.data(), d, w.post_norm, T, d, dm.eps);
-  if (rec) {
-    save(rec->x_mlp, s.x.data(), n);
-    save(rec->h_mlp, s.h.data(), n);
-  }
 
   // 5. f = FFN(RMSNorm_post(x)); partial += f.
   if (w.is_moe) {
-    MoERoutingT<R>* routing = rec ? &rec->routing : nullptr;
     LatentMoESavedT<R>* saved = rec ? &rec->moe : nullptr;
     if constexpr (std::is_same_v<R, float>)
-      latent_moe_forward(ops, s.a.data(), s.h.data(), w.moe, dm.moe, T, s.moe, routing, saved);
+      latent_moe_forward(ops, s.a.data(), s.h.data(), w.moe, dm.moe, T, s.moe, nullptr, saved);
     else  // the grouped path is float-only
-      latent_moe_forward_dense_reference<R>(s.a.data(), s.h.data(), w.moe, dm.moe, T, s.moe, routing, saved);
+      latent_moe_forward_dense_reference<R>(s.a.data(), s.h.data(), w.moe, dm.moe, T, s.moe, nullptr, saved);
   } else {
     R* gu = nullptr;
-    R* act = nullptr;
+    grow(s.act, T * dm.dense_I, dev);  // the SiTU output: recomputed by the backward
+    R* act = s.act.data();
     if (rec) {
       rec->dense_gu.resize(size_t(T * 2 * dm.dense_I));
-      rec->dense_act.resize(size_t(T * dm.dense_I));
-      gu = rec->dense_gu.data(), act = rec->dense_act.data();
+      gu = rec->dense_gu.data();
     } else {
       grow(s.gu, T * 2 * dm.dense_I, dev);
-      grow(s.act, T * dm.dense_I, dev);
-      gu = s.gu.data(), act = s.act.data();
+      gu = s.gu.data();
     }
     dense_ffn_forward<R>(ops, s.a.data(), gu, act, s.h.data(), w.dense_gate, w.dense_up, w.dense_down, T, d, dm.dense_I,
                          dm.situ_b1, dm.situ_b2);
   }
   ops.add(partial, s.a.data(), n);
-  if (rec) save(rec->ffn_out, s.a.data(), n);
 }
 
 template struct BlockStateT<float>;

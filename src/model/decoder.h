@@ -126,31 +126,28 @@ using BlockState = BlockStateT<float>;
 enum class MixerMode { Prefill, Decode, PrefillLatent };
 
 // Per-layer saved activations of a training forward (filled when a record is passed: full
-// sequence, fresh state, empty MLA cache). The wiring fills what it computes itself (AttnRes
-// reads, norms, residual stream, dense FFN); the mixers and the MoE block fill their own
-// saved structs. Buffers grow only (steady-state training does not allocate).
+// sequence, fresh state, empty MLA cache): one buffer per role, and only what the backward
+// cannot recompute at elementwise cost (docs/architecture.md "Training memory"). The AttnRes
+// reads' outputs x (their saved weights alpha over the sources), the norms' outputs h (the
+// saved 1/rms), the mixer and FFN outputs (never read) and the dense FFN's SiTU output are
+// recomputed by the backward with the forward's own kernels, bit for bit. The mixers and the
+// MoE block keep their own saved structs, without their input (the layer recomputes it).
+// Buffers grow only (steady-state training does not allocate).
 template <typename R>
 struct LayerRecordT {
   int64_t T = 0;
   int64_t n_src_attn = 0, n_src_mlp = 0;  // AttnRes sources (blocks + partial; 1: x = partial, alpha 1)
   bool appended = false;                  // step 2 appended partial to blocks
   std::vector<R> partial_in;              // [T, d] partial at layer entry
-  std::vector<R> x_attn;                  // [T, d] step 1 output (mixer branch, before the norm)
-  std::vector<R> alpha_attn;              // [T, n_src_attn]
-  std::vector<R> h_attn;                  // [T, d] RMSNorm_in(x_attn), the mixer input
+  std::vector<R> alpha_attn;              // [T, n_src_attn] step 1's weights
   std::vector<R> rstd_attn;               // [T]
-  std::vector<R> mixer_out;               // [T, d] a
   std::vector<R> partial_mid;             // [T, d] partial after step 3
-  std::vector<R> x_mlp;                   // [T, d] step 4 output
-  std::vector<R> alpha_mlp;               // [T, n_src_mlp]
-  std::vector<R> h_mlp;                   // [T, d] RMSNorm_post(x_mlp), the FFN input
+  std::vector<R> alpha_mlp;               // [T, n_src_mlp] step 4's weights
   std::vector<R> rstd_mlp;                // [T]
-  std::vector<R> ffn_out;                 // [T, d] f
   KDASavedT<R> kda;                       // KDA layers: filled by kda_mixer_forward
   MLASavedT<R> mla;                       // MLA layers: filled by mla_mixer_forward
   LatentMoESavedT<R> moe;                 // MoE layers: filled by the MoE forward (routing in moe.routing)
-  MoERoutingT<R> routing;                 // MoE layers: a copy of the routing decisions
-  std::vector<R> dense_gu, dense_act;     // dense layers: [T, 2I], [T, I]
+  std::vector<R> dense_gu;                // dense layers: [T, 2I]
 };
 using LayerRecord = LayerRecordT<float>;
 

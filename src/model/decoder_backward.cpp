@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/grow.h"
+#include "kernels/activations.h"
 #include "kernels/attn_res.h"
 #include "kernels/norm.h"
 #include "model/decoder.h"
@@ -40,6 +41,24 @@ void attn_read_backward(BlockGradT<R>& bg, const R* dx, const R* alpha, const R*
   s.src[size_t(nb)] = partial;
   s.dsrc[size_t(nb)] = dp;
   attn_res_backward<R>(s.dsrc.data(), dw_norm, dw_proj, dx, alpha, s.src.data(), nb + 1, w_norm, w_proj, T, d, eps);
+}
+
+// x = AttnRes(blocks[0, nb) + [partial]) again from the read's saved weights (or x = partial
+// when nb == 0), into s.x; h = RMSNorm(x) w into s.h: the forward's own kernels on the same
+// values, so both are bit for bit the forward's (LayerRecordT keeps neither).
+template <typename R>
+const R* recompute_read(LayerScratchT<R>& s, const R* alpha, const R* blocks, int64_t nb, const R* partial,
+                        const R* w_norm, int64_t T, int64_t d, double eps) {
+  const R* x = partial;
+  if (nb > 0) {
+    s.src.resize(size_t(nb + 1));
+    for (int64_t i = 0; i < nb; ++i) s.src[size_t(i)] = blocks + i * T * d;
+    s.src[size_t(nb)] = partial;
+    attn_res_mix<R>(s.x.data(), alpha, s.src.data(), nb + 1, T, d);
+    x = s.x.data();
+  }
+  rmsnorm_forward<R>(s.h.data(), nullptr, x, w_norm, T, d, eps);
+  return x;
 }
 
 }  // namespace
@@ -107,34 +126,41 @@ void decoder_layer_backward(BlockGradT<R>& bg, const LayerRecordT<R>& rec, const
   if (T == 0) return;
   grow(s.dx, n);
   grow(s.dh, n);
+  grow(s.x, n, nullptr);
+  grow(s.h, n, nullptr);
   R* dp = bg.dpartial.data();
   R* dx = s.dx.data();
   R* dh = s.dh.data();
 
   // 5. f = FFN(h2); partial'' = partial' + f:  d f = d partial'' (dp), d partial' = dp.
+  const R* x2 = recompute_read(s, rec.alpha_mlp.data(), blocks, nb2, rec.partial_mid.data(), w.post_norm, T, d, dm.eps);
+  const R* h2 = s.h.data();
   if (w.is_moe) {
     if constexpr (std::is_same_v<R, float>)
-      latent_moe_backward(dh, g.moe, dp, rec.moe, w.moe, dm.moe, T, s.moe, dscores_aux);
+      latent_moe_backward(dh, g.moe, dp, rec.moe, w.moe, dm.moe, T, s.moe, dscores_aux, h2);
     else  // the grouped path is float-only
-      latent_moe_backward_dense_reference<R>(dh, g.moe, dp, rec.moe, w.moe, dm.moe, T, s.moe, dscores_aux);
+      latent_moe_backward_dense_reference<R>(dh, g.moe, dp, rec.moe, w.moe, dm.moe, T, s.moe, dscores_aux, h2);
   } else {
     grow(s.dgu, T * 2 * dm.dense_I);
     grow(s.dact, T * dm.dense_I);
+    grow(s.act, T * dm.dense_I, nullptr);
+    situ_glu_forward<R>(s.act.data(), rec.dense_gu.data(), T, dm.dense_I, dm.situ_b1, dm.situ_b2);  // as the forward
     dense_ffn_backward<R>(dh, g.dense_gate, g.dense_up, g.dense_down, s.dgu.data(), s.dact.data(), dp,
-                          rec.dense_gu.data(), rec.dense_act.data(), rec.h_mlp.data(), w.dense_gate, w.dense_up,
-                          w.dense_down, T, d, dm.dense_I, dm.situ_b1, dm.situ_b2);
+                          rec.dense_gu.data(), s.act.data(), h2, w.dense_gate, w.dense_up, w.dense_down, T, d,
+                          dm.dense_I, dm.situ_b1, dm.situ_b2);
   }
   // h2 = RMSNorm_post(x2)
-  rmsnorm_backward<R>(dx, g.post_norm, dh, rec.x_mlp.data(), w.post_norm, rec.rstd_mlp.data(), T, d);
+  rmsnorm_backward<R>(dx, g.post_norm, dh, x2, w.post_norm, rec.rstd_mlp.data(), T, d);
   // 4. x2 = AttnRes_mlp(blocks[0, nb2) + [partial']): the sources accumulate.
   attn_read_backward<R>(bg, dx, rec.alpha_mlp.data(), blocks, nb2, rec.partial_mid.data(), w.mlp_res_norm,
                         w.mlp_res_proj, g.mlp_res_norm, g.mlp_res_proj, dm.eps, s);
 
   // 3. a = Mixer(h1); partial' = partial + a (or a):  d a = d partial'; dh = d h1.
+  const R* x1 = recompute_read(s, rec.alpha_attn.data(), blocks, nb1, rec.partial_in.data(), w.input_norm, T, d, dm.eps);
   if (w.is_mla)
-    mla_mixer_backward<R>(dh, g.mla, dp, rec.mla, w.mla, dm.mla_dims, T, s.mla);
+    mla_mixer_backward<R>(dh, g.mla, dp, rec.mla, w.mla, dm.mla_dims, T, s.mla, s.h.data());
   else
-    kda_mixer_backward<R>(dh, g.kda, dp, rec.kda, w.kda, dm.kda, T, s.kda);
+    kda_mixer_backward<R>(dh, g.kda, dp, rec.kda, w.kda, dm.kda, T, s.kda, s.h.data());
   // 2. appended: blocks[nb1] = partial, and the restarted partial had no earlier path, so
   // d partial = d blocks[nb1]; otherwise d partial = d partial' (unchanged).
   if (rec.appended) {
@@ -142,7 +168,7 @@ void decoder_layer_backward(BlockGradT<R>& bg, const LayerRecordT<R>& rec, const
     bg.n = nb1;
   }
   // h1 = RMSNorm_in(x1)
-  rmsnorm_backward<R>(dx, g.input_norm, dh, rec.x_attn.data(), w.input_norm, rec.rstd_attn.data(), T, d);
+  rmsnorm_backward<R>(dx, g.input_norm, dh, x1, w.input_norm, rec.rstd_attn.data(), T, d);
   // 1. x1 = AttnRes_attn(blocks[0, nb1) + [partial]) (or partial): the sources accumulate.
   attn_read_backward<R>(bg, dx, rec.alpha_attn.data(), blocks, nb1, rec.partial_in.data(), w.attn_res_norm,
                         w.attn_res_proj, g.attn_res_norm, g.attn_res_proj, dm.eps, s);

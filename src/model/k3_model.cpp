@@ -291,6 +291,10 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
   st.move_to(dev);  // a state made for the host moves on first use
   const int32_t* ids_d = stage_ids(ids, T, s);
   BlockStateT<R>& bs = s.bs;
+  if (rec) {  // the block stack is built in the record's own buffers (one buffer per role)
+    bs.blocks.host().swap(rec->blocks);
+    bs.partial.host().swap(rec->partial);
+  }
   bs.begin(T, d, dims_.max_blocks(), dev);
   embed(bs.partial.data(), ids, ids_d, T);
   if (splice) {
@@ -332,8 +336,6 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
   R* alpha = s.alpha.data();
   if (rec) {
     rec->n_blocks = bs.n;
-    rec->blocks.assign(bs.blocks.begin(), bs.blocks.begin() + bs.n * T * d);
-    rec->partial.assign(bs.partial.begin(), bs.partial.begin() + T * d);
     rec->alpha_out.resize(size_t(rows * (bs.n + 1)));
     alpha = rec->alpha_out.data();
   }
@@ -343,6 +345,8 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
   lm_head(device_logits(logits, rows, s), s.h_final.data(), rows);
   finish_logits(logits, rows, s);
   if (rec) {
+    rec->blocks.swap(bs.blocks.host());  // [>= n_blocks, T, d]: the first n_blocks are the stack
+    rec->partial.swap(bs.partial.host());
     rec->h_out.assign(s.h_out.begin(), s.h_out.begin() + rows * d);
     rec->rstd_final.assign(s.rstd.begin(), s.rstd.begin() + rows);
     rec->h_final.assign(s.h_final.begin(), s.h_final.begin() + rows * d);

@@ -53,7 +53,7 @@ struct ForwardRecordT {
   bool last_only = false;
   std::vector<LayerRecordT<R>> layers;  // [L]
   int64_t n_blocks = 0;                 // completed blocks after the last layer
-  std::vector<R> blocks;                // [n_blocks, T, d]
+  std::vector<R> blocks;                // [>= n_blocks, T, d]: the first n_blocks are the stack
   std::vector<R> partial;               // [T, d] final partial sum
   std::vector<R> alpha_out;             // [rows, n_blocks + 1] output AttnRes weights
   std::vector<R> h_out;                 // [rows, d] AttnRes_out(blocks + [partial])

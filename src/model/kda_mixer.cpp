@@ -64,20 +64,21 @@ void KDAScratchT<R>::ensure(int64_t T, const KDADims& dims, Device* dev) {
 template <typename R>
 void KDAScratchT<R>::ensure_backward(int64_t T, const KDADims& dims) {
   const int64_t HD = dims.H * dims.D;
-  for (auto* b : {&q_act, &o_normed, &y, &dy, &dgate, &d_o, &dq, &dk, &dv, &dg, &dact, &dlin})
+  for (auto* b : {&q_act, &k_act, &q_pre, &k_pre, &v_pre, &q, &k, &v, &g, &o_normed, &y, &dy, &dgate, &d_o, &dq, &dk,
+                  &dv, &dg, &dact, &dlin})
     grow(*b, T * HD, nullptr);
   grow(dbeta, T * dims.H, nullptr);
   grow(dfa, T * dims.D, nullptr);
+  grow(conv0, HD * (dims.conv_k - 1), nullptr);
 }
 
 template <typename R>
 void KDASavedT<R>::ensure(int64_t T, const KDADims& dims) {
   const int64_t HD = dims.H * dims.D, P = dims.conv_k - 1;
-  grow(x, T * dims.d);
+  if (keep_input) grow(x, T * dims.d);
   grow(S0, dims.H * dims.D * dims.D);
   for (auto* b : {&conv_q0, &conv_k0, &conv_v0}) grow(*b, HD * P);
-  for (auto* b : {&q_lin, &k_lin, &v_lin, &q_pre, &k_pre, &v_pre, &q, &k, &v, &z, &g, &o, &gate_lin})
-    grow(*b, T * HD);
+  for (auto* b : {&q_lin, &k_lin, &v_lin, &z, &o, &gate_lin}) grow(*b, T * HD);
   for (auto* b : {&q_inv, &k_inv, &beta, &o_rstd}) grow(*b, T * dims.H);
   grow(fa, T * dims.D);
 }
@@ -128,7 +129,7 @@ void kda_forward_segments(const OpsT<R>& ops, R* out, KDAStateT<R>* const* state
   // to the scratch; both name them alike.
   if (saved) {
     saved->ensure(T, dims);
-    std::copy(x, x + T * d, saved->x.begin());
+    if (saved->keep_input) std::copy(x, x + T * d, saved->x.begin());
     std::copy(state.S.begin(), state.S.end(), saved->S0.begin());
     std::copy(state.conv_q.begin(), state.conv_q.end(), saved->conv_q0.begin());
     std::copy(state.conv_k.begin(), state.conv_k.end(), saved->conv_k0.begin());
@@ -142,18 +143,19 @@ void kda_forward_segments(const OpsT<R>& ops, R* out, KDAStateT<R>* const* state
   R* q_lin = buf(&Sc::q_lin, &Sv::q_lin);
   R* k_lin = buf(&Sc::k_lin, &Sv::k_lin);
   R* v_lin = buf(&Sc::v_lin, &Sv::v_lin);
-  R* q_pre = buf(&Sc::q_pre, &Sv::q_pre);
-  R* k_pre = buf(&Sc::k_pre, &Sv::k_pre);
-  R* v_pre = buf(&Sc::v_pre, &Sv::v_pre);
-  R* q = buf(&Sc::q, &Sv::q);
-  R* k = buf(&Sc::k, &Sv::k);
+  // Recomputed by the backward (KDASavedT): always the scratch.
+  R* q_pre = s.q_pre.data();
+  R* k_pre = s.k_pre.data();
+  R* v_pre = s.v_pre.data();
+  R* q = s.q.data();
+  R* k = s.k.data();
+  R* v = s.v.data();
+  R* g = s.g.data();
   R* q_inv = buf(&Sc::q_inv, &Sv::q_inv);
   R* k_inv = buf(&Sc::k_inv, &Sv::k_inv);
-  R* v = buf(&Sc::v, &Sv::v);
   R* beta = buf(&Sc::beta, &Sv::beta);
   R* fa = buf(&Sc::fa, &Sv::fa);
   R* z = buf(&Sc::z, &Sv::z);
-  R* g = buf(&Sc::g, &Sv::g);
   R* o = buf(&Sc::o, &Sv::o);
   R* o_rstd = buf(&Sc::o_rstd, &Sv::o_rstd);
   R* gate_lin = buf(&Sc::gate_lin, &Sv::gate_lin);

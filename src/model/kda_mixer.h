@@ -109,26 +109,27 @@ enum class KDAPath {
               // same arithmetic as that many one-token steps); double: the Recurrent reference
 };
 
-// The activations one forward call saves for kda_mixer_backward (buffers grow, never shrink).
-// Filled by kda_mixer_forward(..., saved); with `saved` given, these quantities are written
-// here and NOT into the scratch. Sized for the call's T; the carried state is the one the
-// call started from.
+// The activations one forward call saves for kda_mixer_backward (buffers grow, never shrink):
+// one buffer per role (issue 32), and nothing the backward recomputes bit for bit from what is
+// here at elementwise cost: the conv outputs (the conv again from q/k/v_lin and the saved conv
+// states), q, k (their L2 norm with the same code) and v, and the log-decay g (the gate of z).
+// With `saved` given, the forward writes these quantities here, the rest to the scratch. Sized
+// for the call's T; the carried state is the one the call started from.
 template <typename R>
 struct KDASavedT {
   int64_t T = 0;                            // tokens of the saved call
   KDAPath path = KDAPath::Recurrent;        // core path the forward ran
-  std::vector<R> x;                         // [T, d]      mixer input
+  // keep_input false: the caller keeps the mixer input itself (the decoder layer recomputes
+  // it, docs/architecture.md "Training memory") and hands it to the backward; x stays empty.
+  bool keep_input = true;
+  std::vector<R> x;                         // [T, d]      mixer input (keep_input)
   std::vector<R> S0;                        // [H, D, D]   KDA state before the call
   std::vector<R> conv_q0, conv_k0, conv_v0; // [H*D, K-1]  conv states before the call
   std::vector<R> q_lin, k_lin, v_lin;       // [T, H*D]    W x, the conv inputs
-  std::vector<R> q_pre, k_pre, v_pre;       // [T, H*D]    pre-SiLU conv outputs
-  std::vector<R> q, k;                      // [T, H*D]    L2-normalised q, k (core inputs)
   std::vector<R> q_inv, k_inv;              // [T*H]       1 / sqrt(sum^2 + 1e-6)
-  std::vector<R> v;                         // [T, H*D]    SiLU(v_pre), core input
   std::vector<R> beta;                      // [T, H]      sigmoid(W_b x)
   std::vector<R> fa;                        // [T, D]      W_fa x
   std::vector<R> z;                         // [T, H*D]    W_fb fa, gate input
-  std::vector<R> g;                         // [T, H*D]    log-decay, core input
   std::vector<R> o;                         // [T, H*D]    KDA core output
   std::vector<R> o_rstd;                    // [T*H]       output RMSNorm 1/rms
   std::vector<R> gate_lin;                  // [T, H*D]    W_g x, output gate logits
@@ -169,6 +170,7 @@ struct KDAScratchT {
   Buf<R> dfa;                  // [T, D]
   Buf<R> dact;                 // [T, H*D] d q_act / d k_act
   Buf<R> dlin;                 // [T, H*D] d q_lin / d k_lin / d v_lin
+  Buf<R> conv0;                        // [H*D, K-1] backward: a saved conv state, run again
   KDAWorkspace ws;                     // fast core (float) without `saved`
   void ensure(int64_t T, const KDADims& dims, Device* dev = nullptr);  // forward buffers on dev
   void ensure_backward(int64_t T, const KDADims& dims);
@@ -207,8 +209,10 @@ void kda_mixer_forward_batch(const Ops& ops, float* out, KDAState* const* states
 // Gradients w.r.t. the starting KDA and conv states are not formed (training starts each
 // sequence from zero state). Core backward: double uses the recurrent reference
 // (kda_recurrent_backward); float uses kda_chunk_fast_backward (chunk 64, f32).
+// x: the forward's input [T, d] when saved.keep_input was false (else null: saved.x).
 template <typename R>
 void kda_mixer_backward(R* dx, const KDAGradsT<R>& grads, const R* dout, const KDASavedT<R>& saved,
-                        const KDAWeightsT<R>& w, const KDADims& dims, int64_t T, KDAScratchT<R>& scratch);
+                        const KDAWeightsT<R>& w, const KDADims& dims, int64_t T, KDAScratchT<R>& scratch,
+                        const R* x = nullptr);
 
 }  // namespace k3

@@ -5,6 +5,7 @@
 // the chain of trust); in float the fast chunked backward (kda_chunk_fast_backward), which
 // reuses the fast forward's per-chunk states when the forward ran KDAPath::Fast and
 // otherwise recomputes them from saved.S0.
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -23,15 +24,37 @@ namespace k3 {
 
 template <typename R>
 void kda_mixer_backward(R* dx, const KDAGradsT<R>& gr, const R* dout, const KDASavedT<R>& sv,
-                        const KDAWeightsT<R>& w, const KDADims& dims, int64_t T, KDAScratchT<R>& s) {
+                        const KDAWeightsT<R>& w, const KDADims& dims, int64_t T, KDAScratchT<R>& s,
+                        const R* x_in) {
   const int64_t d = dims.d, H = dims.H, D = dims.D, HD = H * D, K = dims.conv_k;
   K3_ASSERT(T == sv.T, "kda_mixer_backward: T differs from the saved forward's");
   if (T == 0) return;
-  K3_ASSERT(int64_t(sv.x.size()) >= T * d && int64_t(sv.o.size()) >= T * HD &&
-                int64_t(sv.S0.size()) >= H * D * D && int64_t(sv.conv_q0.size()) >= HD * (K - 1),
+  K3_ASSERT(x_in || (sv.keep_input && int64_t(sv.x.size()) >= T * d), "kda_mixer_backward: no mixer input");
+  K3_ASSERT(int64_t(sv.o.size()) >= T * HD && int64_t(sv.S0.size()) >= H * D * D &&
+                int64_t(sv.conv_q0.size()) >= HD * (K - 1),
             "kda_mixer_backward: saved activations not sized for these dims");
   s.ensure_backward(T, dims);
-  const R* x = sv.x.data();
+  const R* x = x_in ? x_in : sv.x.data();
+
+  // Recompute what the forward did not save (KDASavedT), with the forward's own kernels, so
+  // the values are bit for bit the forward's: the conv outputs from the conv inputs and the
+  // conv states the call started from, q and k L2-normalised, v = SiLU(v_pre), g = gate(z).
+  {
+    struct Conv {
+      R *act, *pre;
+      const R *state0, *lin, *taps;
+    };
+    const Conv convs[3] = {{s.q_act.data(), s.q_pre.data(), sv.conv_q0.data(), sv.q_lin.data(), w.q_conv},
+                           {s.k_act.data(), s.k_pre.data(), sv.conv_k0.data(), sv.k_lin.data(), w.k_conv},
+                           {s.v.data(), s.v_pre.data(), sv.conv_v0.data(), sv.v_lin.data(), w.v_conv}};
+    for (const Conv& c : convs) {
+      std::copy(c.state0, c.state0 + HD * (K - 1), s.conv0.data());
+      shortconv_silu_forward<R>(c.act, c.pre, s.conv0.data(), c.lin, c.taps, T, HD, K);
+    }
+    l2norm_forward<R>(s.q.data(), nullptr, s.q_act.data(), T * H, D, kKdaL2Eps);
+    l2norm_forward<R>(s.k.data(), nullptr, s.k_act.data(), T * H, D, kKdaL2Eps);
+    kda_gate_forward<R>(s.g.data(), sv.z.data(), w.A_log, w.dt_bias, T, H, D, dims.bounded, dims.lower_bound);
+  }
   R* on = s.o_normed.data();
   R* y = s.y.data();
   R* dy = s.dy.data();
@@ -64,13 +87,13 @@ void kda_mixer_backward(R* dx, const KDAGradsT<R>& gr, const R* dout, const KDAS
   if constexpr (std::is_same_v<R, float>) {
     // f32 fast chunked backward; the workspace holds the Fast forward's per-chunk states, or
     // (forward on another path) gets them from the backward's own state pass.
-    kda_chunk_fast_backward(dq, dk, dv, dg, dbeta, nullptr, s.d_o.data(), nullptr, sv.q.data(), sv.k.data(),
-                            sv.v.data(), sv.g.data(), sv.beta.data(), sv.S0.data(), T, H, D, D, scale,
+    kda_chunk_fast_backward(dq, dk, dv, dg, dbeta, nullptr, s.d_o.data(), nullptr, s.q.data(), s.k.data(),
+                            s.v.data(), s.g.data(), sv.beta.data(), sv.S0.data(), T, H, D, D, scale,
                             kda_mixer_fast_options(dims, true), sv.ws);
   } else {
     // double: the recurrent reference backward (gradient checks).
-    kda_recurrent_backward<R>(dq, dk, dv, dg, dbeta, nullptr, s.d_o.data(), nullptr, sv.q.data(), sv.k.data(),
-                              sv.v.data(), sv.g.data(), sv.beta.data(), sv.S0.data(), T, H, D, D, scale);
+    kda_recurrent_backward<R>(dq, dk, dv, dg, dbeta, nullptr, s.d_o.data(), nullptr, s.q.data(), s.k.data(),
+                              s.v.data(), s.g.data(), sv.beta.data(), sv.S0.data(), T, H, D, D, scale);
   }
 
   // beta = sigmoid(W_b x)
@@ -90,9 +113,9 @@ void kda_mixer_backward(R* dx, const KDAGradsT<R>& gr, const R* dout, const KDAS
     R *dconv, *dproj;
   };
   const QK qk[2] = {
-      {dq, sv.q_pre.data(), sv.q_inv.data(), sv.conv_q0.data(), sv.q_lin.data(), w.q_conv, w.q_proj, gr.q_conv,
+      {dq, s.q_pre.data(), sv.q_inv.data(), sv.conv_q0.data(), sv.q_lin.data(), w.q_conv, w.q_proj, gr.q_conv,
        gr.q_proj},
-      {dk, sv.k_pre.data(), sv.k_inv.data(), sv.conv_k0.data(), sv.k_lin.data(), w.k_conv, w.k_proj, gr.k_conv,
+      {dk, s.k_pre.data(), sv.k_inv.data(), sv.conv_k0.data(), sv.k_lin.data(), w.k_conv, w.k_proj, gr.k_conv,
        gr.k_proj},
   };
   R* act = s.q_act.data();
@@ -105,15 +128,16 @@ void kda_mixer_backward(R* dx, const KDAGradsT<R>& gr, const R* dout, const KDAS
     linear_backward<R>(dx, b.dproj, s.dlin.data(), x, b.proj, T, d, HD, true);
   }
   // v = ShortConv_SiLU(v_lin), v_lin = W_v x
-  shortconv_silu_backward<R>(s.dlin.data(), gr.v_conv, nullptr, dv, sv.v_pre.data(), sv.conv_v0.data(),
+  shortconv_silu_backward<R>(s.dlin.data(), gr.v_conv, nullptr, dv, s.v_pre.data(), sv.conv_v0.data(),
                              sv.v_lin.data(), w.v_conv, T, HD, K);
   linear_backward<R>(dx, gr.v_proj, s.dlin.data(), x, w.v_proj, T, d, HD, true);
 }
 
 template void kda_mixer_backward<float>(float*, const KDAGradsT<float>&, const float*, const KDASavedT<float>&,
-                                        const KDAWeightsT<float>&, const KDADims&, int64_t, KDAScratchT<float>&);
+                                        const KDAWeightsT<float>&, const KDADims&, int64_t, KDAScratchT<float>&,
+                                        const float*);
 template void kda_mixer_backward<double>(double*, const KDAGradsT<double>&, const double*,
                                          const KDASavedT<double>&, const KDAWeightsT<double>&, const KDADims&,
-                                         int64_t, KDAScratchT<double>&);
+                                         int64_t, KDAScratchT<double>&, const double*);
 
 }  // namespace k3

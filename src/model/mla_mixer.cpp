@@ -47,7 +47,7 @@ template <typename R>
 void MLASavedT<R>::ensure(int64_t Tn, const MLADims& dm) {
   T = Tn;
   const int64_t Dq = dm.nope + dm.rope, A = dm.kv_lora + dm.rope, HV = dm.H * dm.v;
-  grow(x, Tn * dm.d);
+  if (keep_input) grow(x, Tn * dm.d);
   grow(cq_raw, Tn * dm.q_lora);
   grow(cq_rstd, Tn);
   grow(cq, Tn * dm.q_lora);
@@ -185,7 +185,7 @@ void mla_mixer_forward(const OpsT<R>& ops, R* out, MLACacheT<R>& cache, const R*
   R* kv;
   if (saved) {
     saved->ensure(T, dm);
-    std::memcpy(saved->x.data(), x, sizeof(R) * size_t(T * dm.d));
+    if (saved->keep_input) std::memcpy(saved->x.data(), x, sizeof(R) * size_t(T * dm.d));
     a = {saved->cq_raw.data(), saved->cq_rstd.data(), saved->cq.data(), saved->q.data(), saved->kva.data(),
          saved->ckv_rstd.data(), saved->o.data(), saved->lse.data(), dm.output_gate ? saved->gate_lin.data() : nullptr};
     kv = saved->kv.data();

@@ -85,7 +85,8 @@ using MLACache = MLACacheT<float>;
 template <typename R>
 struct MLASavedT {
   int64_t T = 0;             // tokens of the saved call
-  std::vector<R> x;          // [T, d]            mixer input
+  bool keep_input = true;    // false: the caller keeps the input and hands it to the backward
+  std::vector<R> x;          // [T, d]            mixer input (keep_input)
   std::vector<R> cq_raw;     // [T, q_lora]       W_qa x
   std::vector<R> cq_rstd;    // [T]               1 / rms of cq_raw
   std::vector<R> cq;         // [T, q_lora]       RMSNorm(cq_raw) * q_a_norm
@@ -133,9 +134,11 @@ void mla_mixer_forward(R* out, MLACacheT<R>& cache, const R* x, const MLAWeights
 // Backward of the forward call that filled `saved` (same weights and dims; T == saved.T):
 // dx [T, d] assigned; every weight gradient accumulated (+=); dout [T, d]. Attention
 // backward: float the blocked recompute-from-lse path, double the plain reference.
+// x: the forward's input [T, d] when saved.keep_input was false (else null: saved.x).
 template <typename R>
 void mla_mixer_backward(R* dx, const MLAGradsT<R>& grads, const R* dout, const MLASavedT<R>& saved,
-                        const MLAWeightsT<R>& w, const MLADims& dims, int64_t T, MLAScratchT<R>& scratch);
+                        const MLAWeightsT<R>& w, const MLADims& dims, int64_t T, MLAScratchT<R>& scratch,
+                        const R* x = nullptr);
 
 // Decode (T = 1 or a few tokens) with absorbed projections: W_kvb's key half is folded into
 // the query (q_nope W_uk gives a kv_lora-wide query) and its value half into the output, so

@@ -17,7 +17,7 @@ namespace k3 {
 
 template <typename R>
 void mla_mixer_backward(R* dx, const MLAGradsT<R>& gr, const R* dout, const MLASavedT<R>& sv,
-                        const MLAWeightsT<R>& w, const MLADims& dm, int64_t T, MLAScratchT<R>& s) {
+                        const MLAWeightsT<R>& w, const MLADims& dm, int64_t T, MLAScratchT<R>& s, const R* x_in) {
   K3_ASSERT(T == sv.T, "mla_mixer_backward: T differs from the saved forward's");
   K3_ASSERT(gr.q_a_proj && gr.q_a_norm && gr.q_b_proj && gr.kv_a_proj && gr.kv_a_norm && gr.kv_b_proj &&
                 gr.o_proj && (!dm.output_gate || gr.g_proj),
@@ -25,7 +25,8 @@ void mla_mixer_backward(R* dx, const MLAGradsT<R>& gr, const R* dout, const MLAS
   if (T == 0) return;
   const int64_t d = dm.d, H = dm.H, L = dm.kv_lora, Dq = dm.nope + dm.rope, KV = dm.nope + dm.v, A = L + dm.rope,
                 HV = H * dm.v;
-  K3_ASSERT(int64_t(sv.x.size()) >= T * d && int64_t(sv.kv.size()) >= T * H * KV && int64_t(sv.lse.size()) >= T * H &&
+  K3_ASSERT(x_in || (sv.keep_input && int64_t(sv.x.size()) >= T * d), "mla_mixer_backward: no mixer input");
+  K3_ASSERT(int64_t(sv.kv.size()) >= T * H * KV && int64_t(sv.lse.size()) >= T * H &&
                 (!dm.output_gate || int64_t(sv.gate_lin.size()) >= T * HV),
             "mla_mixer_backward: saved activations not sized for these dims");
   grow(s.y, T * HV);
@@ -38,7 +39,7 @@ void mla_mixer_backward(R* dx, const MLAGradsT<R>& gr, const R* dout, const MLAS
   grow(s.dkva, T * A);
   grow(s.dcq, T * dm.q_lora);
   grow(s.dcq_raw, T * dm.q_lora);
-  const R* x = sv.x.data();
+  const R* x = x_in ? x_in : sv.x.data();
   const R* o = sv.o.data();
   R* dy = s.dy.data();
 
@@ -97,9 +98,10 @@ void mla_mixer_backward(R* dx, const MLAGradsT<R>& gr, const R* dout, const MLAS
 }
 
 template void mla_mixer_backward<float>(float*, const MLAGradsT<float>&, const float*, const MLASavedT<float>&,
-                                        const MLAWeightsT<float>&, const MLADims&, int64_t, MLAScratchT<float>&);
+                                        const MLAWeightsT<float>&, const MLADims&, int64_t, MLAScratchT<float>&,
+                                        const float*);
 template void mla_mixer_backward<double>(double*, const MLAGradsT<double>&, const double*,
                                          const MLASavedT<double>&, const MLAWeightsT<double>&, const MLADims&,
-                                         int64_t, MLAScratchT<double>&);
+                                         int64_t, MLAScratchT<double>&, const double*);
 
 }  // namespace k3

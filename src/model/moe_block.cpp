@@ -49,14 +49,13 @@ MoERoutingT<R>& route(MoERoutingT<R>* routing_out, LatentMoESavedT<R>* saved, Mo
 template <typename R>
 void LatentMoESavedT<R>::ensure(int64_t Tn, const LatentMoEDims& dm) {
   T = Tn;
-  grow(x, Tn * dm.d);
+  if (keep_input) grow(x, Tn * dm.d);
   grow(z, Tn * dm.l);
   grow(slot_gu, Tn * dm.k * 2 * dm.F);
   grow(slot_y, Tn * dm.k * dm.l);
   grow(u, Tn * dm.l);
   if (dm.use_norm) grow(u_rstd, Tn);
   grow(shared_gu, Tn * 2 * dm.shared_width);
-  grow(shared_act, Tn * dm.shared_width);
 }
 
 template struct LatentMoESavedT<float>;
@@ -100,19 +99,19 @@ void latent_moe_forward(const Ops& ops, float* out, const float* x, const Latent
     }
   }
   float *z, *u, *u_rstd = nullptr, *gu, *act;
+  grow(s.act, T * dm.shared_width, dev);  // the shared SiTU output: recomputed by the backward
+  act = s.act.data();
   if (saved) {
-    std::copy(x, x + T * dm.d, saved->x.begin());
+    if (saved->keep_input) std::copy(x, x + T * dm.d, saved->x.begin());
     z = saved->z.data();
     u = saved->u.data();
     if (dm.use_norm) u_rstd = saved->u_rstd.data();
     gu = saved->shared_gu.data();
-    act = saved->shared_act.data();
   } else {
     grow(s.z, T * dm.l, dev);
     grow(s.u, T * dm.l, dev);
     grow(s.gu, T * 2 * dm.shared_width, dev);
-    grow(s.act, T * dm.shared_width, dev);
-    z = s.z.data(), u = s.u.data(), gu = s.gu.data(), act = s.act.data();
+    z = s.z.data(), u = s.u.data(), gu = s.gu.data();
   }
   grow(s.un, T * dm.l, dev);
   if (w.provider) {  // start reading the chosen experts now; the work below overlaps the reads
@@ -176,7 +175,7 @@ void latent_moe_forward_dense_reference(R* out, const R* x, const LatentMoEWeigh
   const int64_t d = dm.d, l = dm.l, SF = dm.shared_width, k = dm.k, F = dm.F;
   std::vector<double> xd(d), z(l), zf(l), y(d), g(std::max(SF, int64_t(1))), up(g.size()), a(g.size()), sh(d);
   std::vector<R> zt(l), ut(l);
-  if (saved) std::copy(x, x + T * d, saved->x.begin());
+  if (saved && saved->keep_input) std::copy(x, x + T * d, saved->x.begin());
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t c = 0; c < d; ++c) xd[c] = double(x[t * d + c]);
     matvec(z.data(), w.down, xd.data(), l, d);
@@ -207,7 +206,6 @@ void latent_moe_forward_dense_reference(R* out, const R* x, const LatentMoEWeigh
         for (int64_t j = 0; j < SF; ++j) {
           saved->shared_gu[t * 2 * SF + j] = R(g[j]);
           saved->shared_gu[t * 2 * SF + SF + j] = R(up[j]);
-          saved->shared_act[t * SF + j] = R(a[j]);
         }
       matvec(sh.data(), w.shared_w2, a.data(), d, SF);
       for (int64_t c = 0; c < d; ++c) y[c] += sh[c];

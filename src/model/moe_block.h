@@ -81,15 +81,15 @@ using MoERouting = MoERoutingT<float>;
 template <typename R>
 struct LatentMoESavedT {
   int64_t T = 0;               // tokens of the saved call
-  std::vector<R> x;            // [T, d]        block input
+  bool keep_input = true;      // false: the caller keeps the input and hands it to the backward
+  std::vector<R> x;            // [T, d]        block input (keep_input)
   MoERoutingT<R> routing;      // idx, weight [T, k]; scores [T, E]
   std::vector<R> z;            // [T, l]        W_down x
   std::vector<R> slot_gu;      // [T * k, 2F]   [W1 z | W3 z] per (token, slot) row t * k + i
   std::vector<R> slot_y;       // [T * k, l]    W2 SiTU(...) per (token, slot), before p
   std::vector<R> u;            // [T, l]        routed mixture sum_i p_i y_i
   std::vector<R> u_rstd;       // [T]           1 / rms(u) (if use_norm)
-  std::vector<R> shared_gu;    // [T, 2 S*F]    shared [W1s x | W3s x]
-  std::vector<R> shared_act;   // [T, S*F]      shared SiTU output
+  std::vector<R> shared_gu;    // [T, 2 S*F]    shared [W1s x | W3s x] (their SiTU: recomputed)
   void ensure(int64_t T, const LatentMoEDims& dims);
 };
 using LatentMoESaved = LatentMoESavedT<float>;
@@ -132,9 +132,10 @@ void latent_moe_forward_dense_reference(R* out, const R* x, const LatentMoEWeigh
 // sigmoid scores, e.g. router_aux_loss's (kernels/router.h), added in the router backward.
 //   y = W_up un + shared(x), un = RMSNorm(u) * w_n, u = sum_i p_i E_i(z), z = W_down x
 // Grouped (float): projections are gemms, experts go through moe_experts_backward.
+// x: the forward's input [T, d] when saved.keep_input was false (else null: saved.x).
 void latent_moe_backward(float* dx, const LatentMoEGrads& grads, const float* dout, const LatentMoESaved& saved,
                          const LatentMoEWeights& w, const LatentMoEDims& dims, int64_t T, MoEScratch& scratch,
-                         const float* dscores_aux = nullptr);
+                         const float* dscores_aux = nullptr, const float* x = nullptr);
 // Dense reference: per token, plain loops (accumulated in double) for the latent path, the
 // experts (moe_experts_backward_reference) and the shared experts; the router through
 // router_backward. The gradient-check oracle.
@@ -142,6 +143,6 @@ template <typename R>
 void latent_moe_backward_dense_reference(R* dx, const LatentMoEGradsT<R>& grads, const R* dout,
                                          const LatentMoESavedT<R>& saved, const LatentMoEWeightsT<R>& w,
                                          const LatentMoEDims& dims, int64_t T, MoEScratchT<R>& scratch,
-                                         const R* dscores_aux = nullptr);
+                                         const R* dscores_aux = nullptr, const R* x = nullptr);
 
 }  // namespace k3

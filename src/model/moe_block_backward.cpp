@@ -23,7 +23,7 @@ namespace {
 
 template <typename R>
 void check_backward(const LatentMoEGradsT<R>& gr, const LatentMoESavedT<R>& sv, const LatentMoEWeightsT<R>& w,
-                    const LatentMoEDims& dm, int64_t T) {
+                    const LatentMoEDims& dm, int64_t T, const R* x) {
   K3_ASSERT(T == sv.T, "latent_moe_backward: T differs from the saved forward's");
   K3_ASSERT(int64_t(w.w1.size()) == dm.E && int64_t(gr.experts.size()) == dm.E,
             "latent_moe_backward: expert count differs from n_experts");
@@ -31,16 +31,17 @@ void check_backward(const LatentMoEGradsT<R>& gr, const LatentMoESavedT<R>& sv, 
                 (dm.shared_width == 0 || (gr.shared_w1 && gr.shared_w3 && gr.shared_w2)),
             "latent_moe_backward: missing gradient buffer");
   K3_ASSERT(int64_t(sv.routing.idx.size()) == T * dm.k && int64_t(sv.routing.scores.size()) == T * dm.E &&
-                int64_t(sv.slot_y.size()) >= T * dm.k * dm.l && int64_t(sv.x.size()) >= T * dm.d,
+                int64_t(sv.slot_y.size()) >= T * dm.k * dm.l,
             "latent_moe_backward: saved activations not sized for these dims");
+  K3_ASSERT(x || (sv.keep_input && int64_t(sv.x.size()) >= T * dm.d), "latent_moe_backward: no block input");
 }
 
 }  // namespace
 
 void latent_moe_backward(float* dx, const LatentMoEGrads& gr, const float* dout, const LatentMoESaved& sv,
                          const LatentMoEWeights& w, const LatentMoEDims& dm, int64_t T, MoEScratch& s,
-                         const float* dscores_aux) {
-  check_backward(gr, sv, w, dm, T);
+                         const float* dscores_aux, const float* x_in) {
+  check_backward(gr, sv, w, dm, T, x_in);
   if (T == 0) return;
   const int64_t d = dm.d, l = dm.l, k = dm.k, E = dm.E, SF = dm.shared_width;
   grow(s.un, T * l);
@@ -51,8 +52,11 @@ void latent_moe_backward(float* dx, const LatentMoEGrads& gr, const float* dout,
   grow(s.dlogits, T * E);
   grow(s.dgu, T * 2 * SF);
   grow(s.dact, T * SF);
-  const float* x = sv.x.data();
+  const float* x = x_in ? x_in : sv.x.data();
   const float* u = sv.u.data();
+  // The shared experts' SiTU output, recomputed with the forward's kernel (LatentMoESavedT).
+  grow(s.act, T * SF, nullptr);
+  situ_glu_forward<float>(s.act.data(), sv.shared_gu.data(), T, SF, dm.situ_b1, dm.situ_b2);
   // Recompute un = RMSNorm(u) * w_n from the saved 1/rms.
   const float* un = u;
   if (dm.use_norm) {
@@ -74,7 +78,7 @@ void latent_moe_backward(float* dx, const LatentMoEGrads& gr, const float* dout,
   auto weights_half = [&] {
     if (SF == 0) return;
     dense_ffn_backward_weights<float>(gr.shared_w1, gr.shared_w3, gr.shared_w2, s.dgu.data(), s.dact.data(), dout,
-                                      sv.shared_gu.data(), sv.shared_act.data(), x, w.shared_w2, T, d, SF, dm.situ_b1,
+                                      sv.shared_gu.data(), s.act.data(), x, w.shared_w2, T, d, SF, dm.situ_b1,
                                       dm.situ_b2);
   };
   const std::function<void()> shared_weights = [&weights_half] { weights_half(); };  // one reference: no allocation
@@ -96,8 +100,9 @@ template <typename R>
 void latent_moe_backward_dense_reference(R* dx, const LatentMoEGradsT<R>& gr, const R* dout,
                                          const LatentMoESavedT<R>& sv, const LatentMoEWeightsT<R>& w,
                                          const LatentMoEDims& dm, int64_t T, MoEScratchT<R>& s,
-                                         const R* dscores_aux) {
-  check_backward(gr, sv, w, dm, T);
+                                         const R* dscores_aux, const R* x_in) {
+  check_backward(gr, sv, w, dm, T, x_in);
+  const R* x = x_in ? x_in : sv.x.data();
   if (T == 0) return;
   const int64_t d = dm.d, l = dm.l, k = dm.k, E = dm.E, SF = dm.shared_width;
   grow(s.dtopk_w, T * k);
@@ -106,7 +111,7 @@ void latent_moe_backward_dense_reference(R* dx, const LatentMoEGradsT<R>& gr, co
   std::vector<R> du(l), dz(l);
   const MoERoutingT<R>& r = sv.routing;
   for (int64_t t = 0; t < T; ++t) {
-    const R* xt = sv.x.data() + t * d;
+    const R* xt = x + t * d;
     const R* dy = dout + t * d;
     const R* ut = sv.u.data() + t * l;
     const double rs = dm.use_norm ? double(sv.u_rstd[t]) : 1.0;
@@ -171,16 +176,17 @@ void latent_moe_backward_dense_reference(R* dx, const LatentMoEGradsT<R>& gr, co
   }
   // Router (its own FD-checked backward), dx +=.
   router_backward<R>(dx, gr.router, s.dlogits.data(), s.dtopk_w.data(), dscores_aux, r.idx.data(), r.scores.data(),
-                     sv.x.data(), w.router, T, d, E, k, dm.renorm, dm.scale);
+                     x, w.router, T, d, E, k, dm.renorm, dm.scale);
 }
 
 template void latent_moe_backward_dense_reference<float>(float*, const LatentMoEGradsT<float>&, const float*,
                                                          const LatentMoESavedT<float>&, const LatentMoEWeightsT<float>&,
                                                          const LatentMoEDims&, int64_t, MoEScratchT<float>&,
-                                                         const float*);
+                                                         const float*, const float*);
 template void latent_moe_backward_dense_reference<double>(double*, const LatentMoEGradsT<double>&, const double*,
                                                           const LatentMoESavedT<double>&,
                                                           const LatentMoEWeightsT<double>&, const LatentMoEDims&,
-                                                          int64_t, MoEScratchT<double>&, const double*);
+                                                          int64_t, MoEScratchT<double>&, const double*,
+                                                          const double*);
 
 }  // namespace k3

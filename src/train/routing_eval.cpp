@@ -213,7 +213,7 @@ HeldoutEval evaluate_heldout(const K3Model& model, const std::vector<int32_t>& h
       std::vector<int64_t>& l64 = es.loads;
       l64.resize(size_t(E));
       for (int64_t l = 0; l < n_moe; ++l) {
-        const MoERouting& r = es.rec.layers[size_t(first_moe + l)].routing;
+        const MoERouting& r = es.rec.layers[size_t(first_moe + l)].moe.routing;
         K3_ASSERT(int64_t(r.idx.size()) >= T * k, "MoE layer without a routing record");
         std::fill(l64.begin(), l64.end(), int64_t(0));
         wslots[size_t(w * n_moe + l)] =

@@ -49,7 +49,7 @@ EvalResult Trainer::Impl::evaluate(int64_t T, int64_t max_tokens) {
     nats[size_t(w)] = sum;
     bytes[size_t(w)] = target_bytes(ids, T, vocab.token_bytes());
     for (int64_t l = 0; l < n_moe; ++l)
-      count_loads(loads[size_t(tid)].data() + l * E, es.rec.layers[size_t(first_moe + l)].routing.idx.data(), T, topk, E);
+      count_loads(loads[size_t(tid)].data() + l * E, es.rec.layers[size_t(first_moe + l)].moe.routing.idx.data(), T, topk, E);
   });
   if (dp) {
     std::vector<double> mine(nats.begin() + w0, nats.begin() + w1);

@@ -121,7 +121,7 @@ int64_t distinct_experts(const K3Model& m, const std::vector<int32_t>& ids) {
   m.forward(logits.data(), ids.data(), int64_t(ids.size()), st, s, {}, &rec);
   int64_t total = 0;
   for (const LayerRecord& lr : rec.layers) {
-    const std::set<int32_t> d(lr.routing.idx.begin(), lr.routing.idx.end());
+    const std::set<int32_t> d(lr.moe.routing.idx.begin(), lr.moe.routing.idx.end());
     total += int64_t(d.size());
   }
   return total;

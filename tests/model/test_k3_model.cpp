@@ -381,9 +381,9 @@ RoutedForward routed_forward(const K3Model& m, const std::vector<int32_t>& ids, 
   ForwardRecord rec;
   m.forward(out.logits.data(), ids.data(), int64_t(ids.size()), st, s, fo, &rec);
   for (const LayerRecord& l : rec.layers)
-    if (!l.routing.idx.empty()) {
-      out.idx.push_back(l.routing.idx);
-      out.scores.push_back(l.routing.scores);
+    if (!l.moe.routing.idx.empty()) {
+      out.idx.push_back(l.moe.routing.idx);
+      out.scores.push_back(l.moe.routing.scores);
     }
   return out;
 }
@@ -471,7 +471,7 @@ TEST(K3Model, RecordHoldsEveryLayer) {
   EXPECT_EQ(int64_t(rec.alpha_out.size()), 5 * (rec.n_blocks + 1));
   for (int64_t i = 0; i < m.dims().L; ++i) {
     EXPECT_EQ(rec.layers[size_t(i)].appended, i % 3 == 0);
-    EXPECT_EQ(int64_t(rec.layers[size_t(i)].h_mlp.size()), 5 * m.dims().d);
+    EXPECT_EQ(int64_t(rec.layers[size_t(i)].partial_mid.size()), 5 * m.dims().d);
   }
   // The layer-0 mixer input is RMSNorm of the embedding (no block yet).
   EXPECT_EQ(rec.layers[0].n_src_attn, 1);

@@ -159,7 +159,7 @@ TEST(RoutingEval, HeldoutMatchesIndependentRecomputation) {
     model.forward(logits.data(), ids, T, st, fs, {}, &rec);
     for (int l = 0; l < 3; ++l) {
       std::vector<int64_t> one(E, 0);
-      count_loads(one.data(), rec.layers[size_t(1 + l)].routing.idx.data(), T, k, E);
+      count_loads(one.data(), rec.layers[size_t(1 + l)].moe.routing.idx.data(), T, k, E);
       for (int64_t j = 0; j < E; ++j) loads[l][j] += one[j], batch[l][j] += one[j];
       const double mv = max_violation(one.data(), E);
       seq_sum[l] += mv;
@@ -306,7 +306,7 @@ TEST(MovingQB, HeldoutFiguresAreThoseOfTheRecordedScores) {
     model.forward(logits.data(), stream.data() + w * T, T, st, fs, {}, &rec);
     MovingQBScratch ws;
     std::vector<int32_t> idx(size_t(T * k));
-    moving_qb_route(idx.data(), rec.layers[1].routing.scores.data(), model.layer(1).moe.router_bias, T, E, k, o, ws);
+    moving_qb_route(idx.data(), rec.layers[1].moe.routing.scores.data(), model.layer(1).moe.router_bias, T, E, k, o, ws);
     count_loads(loads.data(), idx.data(), T, k, E);
   }
   EXPECT_EQ(r.moving[0].loads, loads);
