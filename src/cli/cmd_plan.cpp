@@ -21,12 +21,15 @@ using json = nlohmann::json;
 
 const char* kPlanUsage =
     "usage: k3cpp plan <config.json> [--storage bf16|mxfp4] [--context L] [--batch B]\n"
-    "                  [--gpus N --gpu-mem GiB] [--ram-budget GB --disk-gbps X [--prefill-tokens T]]\n"
+    "                  [--gpus N --gpu-mem GiB] [--device-gib G] [--ram-budget GB --disk-gbps X [--prefill-tokens T]]\n"
     "                  [--dp N [--qb-bins B] [--ep E]] [--json]\n"
     "  --storage  bf16: every tensor bf16; mxfp4 (default): routed experts MXFP4, rest bf16\n"
     "  --context  tokens per sequence for the cache and attention FLOPs (default 8192)\n"
     "  --batch    sequences held in the cache (default 1)\n"
     "  --gpus, --gpu-mem  expert-parallel placement on N devices of G GiB each\n"
+    "  --device-gib G  whether the model (weights as stored, the decode cache for --batch sequences of\n"
+    "             --context tokens) fits one device of G GiB, which --device cuda needs, and else the\n"
+    "             fewest devices of G GiB (a divisor of the expert count) an expert-parallel placement needs\n"
     "  --ram-budget, --disk-gbps  memory-limited inference (trunk resident, experts streamed): bytes read\n"
     "             and the disk bound per token at this budget (GB) and disk bandwidth (GB/s)\n"
     "  --prefill-tokens  prefill chunk for that projection (default 512)\n"
@@ -69,7 +72,7 @@ std::string human_flops(double v) {
 }  // namespace
 
 int cmd_plan(const std::vector<std::string>& args) {
-  Args a(args, {"storage", "context", "batch", "gpus", "gpu-mem", "ram-budget", "disk-gbps", "prefill-tokens", "dp",
+  Args a(args, {"storage", "context", "batch", "gpus", "gpu-mem", "device-gib", "ram-budget", "disk-gbps", "prefill-tokens", "dp",
                 "qb-bins", "ep"},
          {"json", "help"}, "plan");
   if (a.flag("help")) {
@@ -96,6 +99,11 @@ int cmd_plan(const std::vector<std::string>& args) {
     if (gpus <= 0) fail("--gpus must be positive, got " + std::to_string(gpus));
     if (!(gpu_mem > 0) || !std::isfinite(gpu_mem)) fail("--gpu-mem must be a positive number of GiB");
   }
+
+  const bool want_device = a.get("device-gib").has_value();
+  const double device_gib = a.get_double("device-gib", 0);
+  if (want_device && (!(device_gib > 0) || !std::isfinite(device_gib)))
+    fail("--device-gib must be a positive number of GiB");
 
   const bool want_stream = a.get("ram-budget").has_value() || a.get("disk-gbps").has_value();
   double budget_gb = 0, disk_gbps = 0;
@@ -133,6 +141,21 @@ int cmd_plan(const std::vector<std::string>& args) {
   const Flops fl = forward_flops_per_token(c, context);
   Placement pl;
   if (want_place) pl = place(c, storage, gpus, gpu_mem, context, batch);
+  // --device-gib: one device (everything on it), else the fewest expert-parallel devices.
+  Placement one, fewest;
+  if (want_device) {
+    one = place(c, storage, 1, device_gib, context, batch);
+    if (!one.fits())
+      for (int64_t n = 2; n <= c.num_experts; ++n) {
+        if (c.num_experts % n) continue;  // expert-parallel ranks divide the expert count
+        const Placement p = place(c, storage, n, device_gib, context, batch);
+        if (p.fits()) {
+          fewest = p;
+          break;
+        }
+        if (p.replicated_bytes + p.cache_bytes > p.capacity_bytes()) break;  // more devices cannot help
+      }
+  }
 
   if (a.flag("json")) {
     json comps = json::object();
@@ -182,6 +205,11 @@ int cmd_plan(const std::vector<std::string>& args) {
     } else {
       j["placement"] = nullptr;
     }
+    if (want_device)
+      j["device"] = {{"gib", device_gib},
+                     {"one_device_bytes", one.per_device_bytes()},
+                     {"fits_one", one.fits()},
+                     {"fewest_expert_parallel_devices", one.fits() ? int64_t(1) : fewest.gpus}};
     if (want_dp)
       j["data_parallel"] = {{"ranks", dpc.ranks}, {"qb_bins", dpc.bins}, {"gradient_floats", dpc.grad_floats},
                             {"trained_elements", dpc.trained}, {"histogram_ints", dpc.hist_ints},
@@ -297,6 +325,22 @@ int cmd_plan(const std::vector<std::string>& args) {
                 human_bytes(double(pl.replicated_bytes)).c_str(), human_bytes(double(pl.expert_bytes)).c_str(),
                 human_bytes(double(pl.cache_bytes)).c_str(), human_bytes(double(pl.per_device_bytes())).c_str(),
                 human_bytes(double(pl.capacity_bytes())).c_str(), pl.fits() ? "fits" : "does NOT fit");
+  }
+  if (want_device) {
+    std::printf("\none device of %g GiB (--device cuda holds every weight on one GPU)\n", device_gib);
+    std::printf("  weights %s + cache %s = %s: %s\n", human_bytes(double(one.replicated_bytes + one.expert_bytes)).c_str(),
+                human_bytes(double(one.cache_bytes)).c_str(), human_bytes(double(one.per_device_bytes())).c_str(),
+                one.fits() ? "fits" : "does NOT fit");
+    if (!one.fits()) {
+      if (fewest.gpus > 0)
+        std::printf("  expert parallel: at least %lld devices of %g GiB (%lld experts each per layer, the rest "
+                    "replicated: %s per device; k3cpp's CUDA backend runs one device today)\n",
+                    (long long)fewest.gpus, device_gib, (long long)fewest.experts_per_device,
+                    human_bytes(double(fewest.per_device_bytes())).c_str());
+      else
+        std::printf("  expert parallel: no number of devices of %g GiB holds it (the replicated part alone does not "
+                    "fit one)\n", device_gib);
+    }
   }
   if (want_dp) {
     std::printf("\ndata-parallel training on %lld ranks (f32 weights and gradients, QB histograms of %lld bins)\n",

@@ -69,6 +69,28 @@ TEST(CliPlan, JsonAndPlacement) {
   EXPECT_TRUE(has(r.out, ": fits")) << r.out;
 }
 
+// --device-gib: one device holds mid-1024, the full K3 needs expert parallelism over the fewest
+// devices whose count divides 896 (the replicated bf16 trunk, 105.7 GiB, stays on every device), and at 80 GiB the replicated part alone does not fit.
+TEST(CliPlan, DeviceMemory) {
+  RunResult r = k3cpp("plan " + src("configs/mid-1024.json") + " --device-gib 139.8");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "one device of 139.8 GiB")) << r.out;
+  EXPECT_TRUE(has(r.out, ": fits")) << r.out;
+  r = k3cpp("plan " + src("configs/kimi-k3.json") + " --device-gib 139.8 --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json j = json::parse(r.out);
+  EXPECT_FALSE(j["device"]["fits_one"].get<bool>());
+  const int64_t n = j["device"]["fewest_expert_parallel_devices"].get<int64_t>();
+  EXPECT_EQ(n, 56);
+  EXPECT_EQ(896 % n, 0);
+  r = k3cpp("plan " + src("configs/kimi-k3.json") + " --device-gib 80");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "no number of devices of 80 GiB holds it")) << r.out;
+  r = k3cpp("plan " + src("configs/kimi-k3.json") + " --device-gib -3");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(has(r.err, "--device-gib")) << r.err;
+}
+
 TEST(CliPlan, BadConfigNamesField) {
   RunResult r = k3cpp("plan " + src("tests/data/k3-fixtures/cfg/bad_topk.json"));
   EXPECT_NE(r.rc, 0);
