@@ -33,6 +33,7 @@ class CudaOps final : public Ops {
     convert_.place(dev_.get());
     moe_ws_.place(dev_.get());
     attn_ws_.place(dev_.get());
+    argmax_ws_.place(dev_.get());
   }
   ~CudaOps() override {
     if (blas_) cublasDestroy(blas_);
@@ -174,6 +175,22 @@ class CudaOps final : public Ops {
   }
   void fill(float* dst, double v, int64_t n) const override {
     dev_->make_current(); launch_fill(dev_->stream(), dst, float(v), n); }
+  void argmax_rows(int32_t* ids, uint8_t* nonfinite, const float* logits, int64_t ld, int64_t V, const int64_t* rows,
+                   int64_t n) const override {
+    dev_->make_current();
+    if (n <= 0) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    // One staging buffer: the row indices up, the ids and flags back (int64 slots each).
+    const size_t bytes = size_t(n) * (sizeof(int64_t) + sizeof(int32_t) + sizeof(uint8_t)) + 16;
+    grow_bytes(argmax_ws_, bytes);
+    auto* rows_d = reinterpret_cast<int64_t*>(argmax_ws_.data());
+    auto* ids_d = reinterpret_cast<int32_t*>(rows_d + n);
+    auto* flag_d = reinterpret_cast<uint8_t*>(ids_d + n);
+    dev_->to_device(rows_d, rows, sizeof(int64_t) * size_t(n));
+    launch_argmax_rows(dev_->stream(), ids_d, flag_d, logits, ld, V, rows_d, n);
+    dev_->to_host(ids, ids_d, sizeof(int32_t) * size_t(n));
+    dev_->to_host(nonfinite, flag_d, size_t(n));
+  }
   void copy_rows(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols) const override {
     dev_->make_current();
     launch_copy_rows(dev_->stream(), dst, ldd, src, lds, rows, cols);
@@ -228,7 +245,7 @@ class CudaOps final : public Ops {
   cublasHandle_t blas_ = nullptr;
   mutable std::mutex mu_;                  // the workspaces and tables (one stream: ops are serial anyway)
   mutable Buf<uint16_t> convert_;          // bf16 copies of activations for cuBLAS
-  mutable Buf<uint8_t> moe_ws_, attn_ws_;  // kernel workspaces
+  mutable Buf<uint8_t> moe_ws_, attn_ws_, argmax_ws_;  // kernel workspaces
   mutable std::unordered_map<const void*, Tables> tables_;
 };
 

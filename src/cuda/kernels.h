@@ -95,13 +95,10 @@ void launch_kda_chunk(cudaStream_t st, float* o, float* state, const float* q, c
                       const float* g, const float* beta, int64_t T, int64_t H, int64_t Dk, int64_t Dv, float scale,
                       bool diag_dense);
 
-// ---- sampling (kernels/sample.cu) ----
-// One token per row of logits [rows, V] (see infer/sampler.h for the rules): temperature <= 0
-// is greedy (the lowest index among equal maxima); else softmax(logits / temperature) cut to
-// the top_k best (0: all) and then to the smallest set whose mass reaches top_p, drawn with
-// the uniform u[row] in [0, 1). out [rows] int32.
-void launch_sample(cudaStream_t st, int32_t* out, const float* logits, int64_t rows, int64_t V, float temperature,
-                   int64_t top_k, float top_p, const float* u, void* ws, size_t ws_bytes);
-size_t sample_workspace_bytes(int64_t rows, int64_t V);
+// ---- greedy decoding (kernels/argmax.cu) ----
+// kernels/ops.h argmax_rows on the device: ids[i], nonfinite[i] for rows[i] of logits (all
+// three arrays on the device).
+void launch_argmax_rows(cudaStream_t st, int32_t* ids, uint8_t* nonfinite, const float* logits, int64_t ld, int64_t V,
+                        const int64_t* rows, int64_t n);
 
 }  // namespace k3::cuda

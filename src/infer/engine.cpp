@@ -176,6 +176,9 @@ struct Engine::Impl {
   std::vector<DecodeState*> batch_states;
   std::vector<Slot*> batch_slots;
   std::vector<int32_t> top_idx;  // top_logprobs candidates
+  std::vector<int64_t> greedy_rows;  // decode_step_on_device: the rows chosen on the backend
+  std::vector<int32_t> greedy_ids;
+  std::vector<uint8_t> greedy_bad;
   std::thread thread;
 
   // Replication (StepChannel): the leader notes its decisions in `log` and shares it before
@@ -234,12 +237,16 @@ struct Engine::Impl {
 
   // Samples the next token of `s` from its logits, emits it, and ends the sequence on a stop
   // token, at max_tokens or at the context limit.
-  void emit_next(Slot& s, const float* logits) {
+  // greedy_id >= 0: the token was chosen on the model's backend (greedy_on_device), and
+  // logits is not read.
+  void emit_next(Slot& s, const float* logits, int32_t greedy_id = -1) {
     const int64_t V = model.dims().V;
     int32_t id = -1;
     const std::vector<int32_t>& forced = opt.forced_output;
     bool forced_end = false;
-    if (!forced.empty()) {
+    if (greedy_id >= 0) {
+      id = greedy_id;
+    } else if (!forced.empty()) {
       if (s.generated < int64_t(forced.size())) id = forced[size_t(s.generated)];
       else if (!s.req.stop_tokens.empty()) id = s.req.stop_tokens[0];
       else forced_end = true;
@@ -420,12 +427,48 @@ struct Engine::Impl {
     const int64_t B = int64_t(batch_slots.size()), V = model.dims().V;
     batch_logits.resize(size_t(B * V));
     if (leading()) note().op(Op::Decode), share();
+    if (model.device() && !follower) return decode_step_on_device(B, V);
     model.forward_batch(batch_logits.data(), batch_ids.data(), batch_seg.data(), B, batch_states.data(),
                         decode_scratch);
     for (int64_t j = 0; j < B; ++j) {
       Slot& s = *batch_slots[size_t(j)];
       s.pending = -1;
       if (!follower) emit_next(s, batch_logits.data() + j * V);
+    }
+  }
+
+  // A sequence whose next token the backend can choose: greedy, without log-probabilities, a
+  // constraint or the test-only forced output (those read the logits on the host).
+  bool greedy_on_device(const Slot& s) const {
+    return opt.forced_output.empty() && !s.req.constraint && s.req.top_logprobs < 0 &&
+           s.req.sampling.temperature == 0.0;
+  }
+
+  // decode_step on a device backend: the logits stay on the device; greedy sequences get their
+  // token from argmax_rows (4 bytes each over the bus), the others their row of logits.
+  void decode_step_on_device(int64_t B, int64_t V) {
+    const float* dl = model.forward_batch_device(batch_ids.data(), batch_seg.data(), B, batch_states.data(),
+                                                 decode_scratch);
+    greedy_rows.clear();
+    for (int64_t j = 0; j < B; ++j)
+      if (greedy_on_device(*batch_slots[size_t(j)])) greedy_rows.push_back(j);
+    greedy_ids.resize(greedy_rows.size());
+    greedy_bad.resize(greedy_rows.size());
+    model.ops().argmax_rows(greedy_ids.data(), greedy_bad.data(), dl, V, V, greedy_rows.data(),
+                            int64_t(greedy_rows.size()));
+    size_t g = 0;
+    for (int64_t j = 0; j < B; ++j) {
+      Slot& s = *batch_slots[size_t(j)];
+      s.pending = -1;
+      const bool greedy = g < greedy_rows.size() && greedy_rows[g] == j;
+      if (greedy && !greedy_bad[g]) {
+        emit_next(s, nullptr, greedy_ids[g++]);
+        continue;
+      }
+      g += greedy;
+      float* row = batch_logits.data() + j * V;  // a non-finite row too: emit_next reports it
+      copy_between(nullptr, row, model.device(), dl + j * V, sizeof(float) * size_t(V));
+      emit_next(s, row);
     }
   }
 

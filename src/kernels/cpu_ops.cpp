@@ -2,6 +2,7 @@
 // memory, with the same arguments, so the wiring through OpsT computes bit for bit what it
 // computed calling the kernels directly.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -134,6 +135,20 @@ class CpuOps final : public OpsT<R> {
   void fill(R* dst, double v, int64_t n) const override { std::fill(dst, dst + n, R(v)); }
   void copy_rows(R* dst, int64_t ldd, const R* src, int64_t lds, int64_t rows, int64_t cols) const override {
     for (int64_t r = 0; r < rows; ++r) std::memmove(dst + r * ldd, src + r * lds, sizeof(R) * size_t(cols));
+  }
+  void argmax_rows(int32_t* ids, uint8_t* nonfinite, const R* logits, int64_t ld, int64_t V, const int64_t* rows,
+                   int64_t n) const override {
+    for (int64_t i = 0; i < n; ++i) {
+      const R* l = logits + rows[i] * ld;
+      int64_t best = 0;
+      bool bad = false;
+      for (int64_t v = 0; v < V; ++v) {
+        bad |= !std::isfinite(l[v]);
+        if (l[v] > l[best]) best = v;
+      }
+      ids[i] = int32_t(best);
+      nonfinite[i] = bad;
+    }
   }
 };
 

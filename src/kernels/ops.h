@@ -105,6 +105,14 @@ class OpsT {
   virtual void fill(R* dst, double v, int64_t n) const = 0;
   // rows x cols block copy with row strides (elements).
   virtual void copy_rows(R* dst, int64_t ld_dst, const R* src, int64_t ld_src, int64_t rows, int64_t cols) const = 0;
+
+  // Greedy decoding on the backend: for each of the n rows rows[i] (HOST array) of logits
+  // [*, V] (row stride ld), ids[i] (HOST) = the index of the largest value, the lowest index
+  // among equal ones (infer/sampler.h's greedy rule), and nonfinite[i] (HOST) = 1 when the row
+  // holds a NaN or an infinity (then ids[i] is unspecified: the caller reads the row itself).
+  // A decode step then moves one id per sequence to the host instead of a row of logits.
+  virtual void argmax_rows(int32_t* ids, uint8_t* nonfinite, const R* logits, int64_t ld, int64_t V,
+                           const int64_t* rows, int64_t n) const = 0;
 };
 using Ops = OpsT<float>;
 

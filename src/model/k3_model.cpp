@@ -356,6 +356,20 @@ void K3ModelT<R>::forward(R* logits, const int32_t* ids, int64_t T, DecodeStateT
 template <typename R>
 void K3ModelT<R>::forward_batch(R* logits, const int32_t* ids, const int64_t* seg, int64_t n_seg,
                                 DecodeStateT<R>* const* states, ForwardScratchT<R>& s, KDAPath kda_path) const {
+  forward_batch_impl(logits, ids, seg, n_seg, states, s, kda_path);
+}
+
+template <typename R>
+const R* K3ModelT<R>::forward_batch_device(const int32_t* ids, const int64_t* seg, int64_t n_seg,
+                                           DecodeStateT<R>* const* states, ForwardScratchT<R>& s,
+                                           KDAPath kda_path) const {
+  return forward_batch_impl(nullptr, ids, seg, n_seg, states, s, kda_path);
+}
+
+template <typename R>
+const R* K3ModelT<R>::forward_batch_impl(R* logits, const int32_t* ids, const int64_t* seg, int64_t n_seg,
+                                         DecodeStateT<R>* const* states, ForwardScratchT<R>& s,
+                                         KDAPath kda_path) const {
   K3_ASSERT(n_seg >= 1 && seg[0] == 0, "K3Model::forward_batch: segments must start at row 0");
   const int64_t d = dims_.d, V = dims_.V, T = seg[n_seg];
   for (int64_t j = 0; j < n_seg; ++j) {
@@ -363,7 +377,7 @@ void K3ModelT<R>::forward_batch(R* logits, const int32_t* ids, const int64_t* se
     K3_ASSERT(int64_t(states[j]->layers.size()) == dims_.L,
               "K3Model::forward_batch: DecodeState not reset for this model");
   }
-  if (T <= 0) return;
+  if (T <= 0) return nullptr;
   for (int64_t t = 0; t < T; ++t)
     if (ids[t] < 0 || ids[t] >= V)
       fail("token id " + std::to_string(ids[t]) + " at batch row " + std::to_string(t) +
@@ -394,8 +408,14 @@ void K3ModelT<R>::forward_batch(R* logits, const int32_t* ids, const int64_t* se
   const OutputViews o = output_views();
   block_attn_res<R>(*ops_, s.h_out.data(), s.alpha.data(), bs, o.res_norm, o.res_proj, 0, T, dims_.eps, s.src);
   ops_->rmsnorm(s.h_final.data(), d, s.rstd.data(), s.h_out.data(), d, o.norm, T, d, dims_.eps);
+  if (!logits) {  // left on the backend, in s.logits
+    grow(s.logits, T * V, dev);
+    lm_head(s.logits.data(), s.h_final.data(), T);
+    return s.logits.data();
+  }
   lm_head(device_logits(logits, T, s), s.h_final.data(), T);
   finish_logits(logits, T, s);
+  return logits;
 }
 
 template LayerWeightsT<float> layer_views<float>(const ParamLayout&, const K3Config&, const float*, int64_t);

@@ -196,6 +196,13 @@ class K3ModelT {
   // sequence's logits equal its own forward in Decode mode up to float rounding.
   void forward_batch(R* logits, const int32_t* ids, const int64_t* seg, int64_t n_seg, DecodeStateT<R>* const* states,
                      ForwardScratchT<R>& s, KDAPath kda_path = KDAPath::Fast) const;
+  // The same with the logits [T, V] left on the model's backend, in s.logits (device memory for
+  // a device backend), returned: a decode step of greedy sequences then reads one id per
+  // sequence (OpsT::argmax_rows) instead of a row of logits, and the rows it needs it reads out
+  // one by one (Buf::read).
+  const R* forward_batch_device(const int32_t* ids, const int64_t* seg, int64_t n_seg,
+                                DecodeStateT<R>* const* states, ForwardScratchT<R>& s,
+                                KDAPath kda_path = KDAPath::Fast) const;
 
   // Backward of the forward that filled `rec` (with ids [T]): dlogits [T, V] is the gradient
   // of the loss w.r.t. the logits; every parameter gradient is accumulated (+=) into `grads`
@@ -254,6 +261,9 @@ class K3ModelT {
   // logits [rows, V] on the device: the caller's (CPU) or s.logits, copied out by finish_logits.
   R* device_logits(R* logits, int64_t rows, ForwardScratchT<R>& s) const;
   void finish_logits(R* logits, int64_t rows, ForwardScratchT<R>& s) const;
+  // forward_batch (logits given, on the host) and forward_batch_device (null: s.logits).
+  const R* forward_batch_impl(R* logits, const int32_t* ids, const int64_t* seg, int64_t n_seg,
+                              DecodeStateT<R>* const* states, ForwardScratchT<R>& s, KDAPath kda_path) const;
   // The views of layer i for this call: the model's own, or the trunk provider's (acquired,
   // with the next layer's read started).
   const LayerWeightsT<R>& layer_for_call(int64_t i) const;

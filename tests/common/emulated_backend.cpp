@@ -164,6 +164,10 @@ class EmulatedOps final : public Ops {
   void copy_rows(float* dst, int64_t ldd, const float* src, int64_t lds, int64_t rows, int64_t cols) const override {
     cpu().copy_rows(h(dst), ldd, h(src), lds, rows, cols);
   }
+  void argmax_rows(int32_t* ids, uint8_t* nonfinite, const float* logits, int64_t ld, int64_t V, const int64_t* rows,
+                   int64_t n) const override {
+    cpu().argmax_rows(ids, nonfinite, h(logits), ld, V, rows, n);  // ids, nonfinite and rows are host arrays
+  }
 
  private:
   static const Ops& cpu() { return cpu_ops<float>(); }

@@ -2,6 +2,7 @@
 // SiTU-GLU at its caps, AttnRes reads, embedding rows, the elementwise helpers). Reference:
 // the kernels' plain templates in double on the same inputs.
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -266,9 +267,56 @@ OpCase elementwise_case(const std::string& op, int64_t n) {
   return c;
 }
 
+// Greedy decoding (argmax_rows) over a subset of rows: a row with two equal maxima (the lower
+// index wins), a row with a NaN and one with an infinity (flagged), a row of K3's vocabulary.
+OpCase argmax_case(int64_t V) {
+  OpCase c;
+  c.op = "argmax_rows";
+  c.name = "V=" + std::to_string(V) + " ties, NaN and infinity rows";
+  c.bytes = 4.0 * 5 * double(V);
+  c.prepare = [=](const HarnessBackend& be, OpBuffers& b, uint64_t seed, bool) {
+    std::mt19937_64 rng(seed);
+    const int64_t R = 6, ld = V + 3;
+    std::vector<float> l = rand_f(rng, size_t(R * ld), 2.0);
+    l[size_t(1 * ld + 17)] = l[size_t(1 * ld + V - 5)] = 50.f;       // row 1: a tie, index 17 wins
+    l[size_t(2 * ld + 3)] = std::numeric_limits<float>::quiet_NaN();  // row 2: flagged
+    l[size_t(4 * ld + V - 1)] = std::numeric_limits<float>::infinity();  // row 4: flagged
+    const std::vector<int64_t> rows = {5, 1, 2, 0, 4};
+    std::vector<double> want_id, want_bad;
+    for (int64_t r : rows) {
+      int64_t best = 0;
+      bool bad = false;
+      for (int64_t v = 0; v < V; ++v) {
+        bad |= !std::isfinite(l[size_t(r * ld + v)]);
+        if (l[size_t(r * ld + v)] > l[size_t(r * ld + best)]) best = v;
+      }
+      want_id.push_back(bad ? -1.0 : double(best));
+      want_bad.push_back(bad);
+    }
+    const float* ld_ = b.f(l);
+    auto ids = std::make_shared<std::vector<int32_t>>(rows.size(), -7);
+    auto bad = std::make_shared<std::vector<uint8_t>>(rows.size(), 9);
+    const Ops* ops = be.ops.get();
+    PreparedOp po;
+    po.run = [=] { ops->argmax_rows(ids->data(), bad->data(), ld_, ld, V, rows.data(), int64_t(rows.size())); };
+    po.outputs = [=] {
+      std::vector<double> got_id, got_bad;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        got_id.push_back((*bad)[i] ? -1.0 : double((*ids)[i]));  // a flagged row's id is unspecified
+        got_bad.push_back(double((*bad)[i]));
+      }
+      return std::vector<OpOutput>{out("ids", got_id, want_id, 0), out("nonfinite", got_bad, want_bad, 0)};
+    };
+    return po;
+  };
+  return c;
+}
+
 }  // namespace
 
 void add_rowwise_cases(std::vector<OpCase>& t) {
+  t.push_back(argmax_case(1000));
+  t.push_back(argmax_case(163840));
   t.push_back(rmsnorm_case(7, 96, 0, true, 1.0));
   t.push_back(rmsnorm_case(5, 160, 32, false, 1.0));  // the MLA cache append: strided input
   t.push_back(rmsnorm_case(3, 1000, 0, true, 1e4));   // large values
